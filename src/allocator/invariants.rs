@@ -1,0 +1,230 @@
+//! The invariant checker: recounts everything from the blocks and compares.
+
+use std::collections::HashMap;
+
+use dashmap::DashMap;
+
+use super::state::State;
+use crate::device::DevicePtr;
+use crate::pool::{BlockId, PoolKind};
+use crate::stats::{StatArray, StatType};
+
+#[derive(Default)]
+struct Recount {
+    allocation: [i64; 3],
+    allocated_bytes: [i64; 3],
+    active: [i64; 3],
+    active_bytes: [i64; 3],
+    requested_bytes: [i64; 3],
+    segment: [i64; 3],
+    reserved_bytes: [i64; 3],
+    inactive_split: [i64; 3],
+    inactive_split_bytes: [i64; 3],
+}
+
+fn add(a: &mut [i64; 3], kind: PoolKind, v: usize) {
+    a[0] += v as i64;
+    a[kind.stat_type() as usize] += v as i64;
+}
+
+fn compare(name: &str, stat: &StatArray, counted: &[i64; 3]) -> Result<(), String> {
+    for t in [
+        StatType::Aggregate,
+        StatType::SmallPool,
+        StatType::LargePool,
+    ] {
+        let (have, want) = (stat[t as usize].current, counted[t as usize]);
+        if have != want {
+            return Err(format!(
+                "stat {name}[{t:?}] is {have}, recount gives {want}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn check(st: &State, ptrs: &DashMap<DevicePtr, BlockId>) -> Result<(), String> {
+    let mut seen = vec![false; st.blocks.capacity()];
+    let mut rc = Recount::default();
+    let mut reserved = 0usize;
+
+    for (head, hb) in st.blocks.iter().filter(|(_, b)| b.prev.is_none()) {
+        let mut seg_size = 0;
+        let mut cur = Some(head);
+        let mut prev: Option<BlockId> = None;
+        let mut expected_ptr = hb.ptr;
+        while let Some(id) = cur {
+            let b = st
+                .blocks
+                .get(id)
+                .ok_or(format!("dangling link to block {id}"))?;
+            if seen[id] {
+                return Err(format!("block {id} reached twice"));
+            }
+            seen[id] = true;
+            if b.prev != prev {
+                return Err(format!("block {id}: prev link {:?} != {prev:?}", b.prev));
+            }
+            if b.ptr != expected_ptr {
+                return Err(format!(
+                    "block {id} at {:#x}, expected {expected_ptr:#x}: segment not tiled",
+                    b.ptr
+                ));
+            }
+            if b.stream != hb.stream || b.kind != hb.kind {
+                return Err(format!(
+                    "block {id}: stream or pool differs from its segment"
+                ));
+            }
+            if b.size == 0 || b.size % 512 != 0 {
+                return Err(format!(
+                    "block {id}: size {} is not a positive multiple of 512",
+                    b.size
+                ));
+            }
+            if b.stream_uses.contains(&b.stream) {
+                return Err(format!("block {id}: records its own stream as a use"));
+            }
+            if !b.allocated && !b.stream_uses.is_empty() {
+                return Err(format!("block {id}: free but still lists stream uses"));
+            }
+            if b.is_free() {
+                if let Some(p) = prev.filter(|&p| st.blocks[p].is_free()) {
+                    return Err(format!("free neighbours {p} and {id} were not merged"));
+                }
+                let in_list = st
+                    .pools
+                    .get(&b.stream)
+                    .is_some_and(|p| p.get(b.kind).iter().any(|e| e == (b.size, b.ptr, id)));
+                if !in_list {
+                    return Err(format!("free block {id} is missing from its free list"));
+                }
+                if b.is_split() {
+                    add(&mut rc.inactive_split, b.kind, 1);
+                    add(&mut rc.inactive_split_bytes, b.kind, b.size);
+                }
+            } else {
+                add(&mut rc.active, b.kind, 1);
+                add(&mut rc.active_bytes, b.kind, b.size);
+                add(&mut rc.requested_bytes, b.kind, b.requested);
+            }
+            if b.allocated {
+                add(&mut rc.allocation, b.kind, 1);
+                add(&mut rc.allocated_bytes, b.kind, b.size);
+                if b.requested == 0 || b.requested > b.size {
+                    return Err(format!(
+                        "block {id}: requested {} of {}",
+                        b.requested, b.size
+                    ));
+                }
+                if ptrs.get(&b.ptr).map(|r| *r) != Some(id) {
+                    return Err(format!(
+                        "allocated block {id} is missing from the pointer map"
+                    ));
+                }
+            }
+            seg_size += b.size;
+            expected_ptr = b.ptr + b.size;
+            prev = Some(id);
+            cur = b.next;
+        }
+        reserved += seg_size;
+        add(&mut rc.segment, hb.kind, 1);
+        add(&mut rc.reserved_bytes, hb.kind, seg_size);
+    }
+    if let Some((id, _)) = st.blocks.iter().find(|(id, _)| !seen[*id]) {
+        return Err(format!("block {id} is not reachable from a segment head"));
+    }
+
+    // Free lists hold only free blocks, each once.
+    let mut listed = 0;
+    for (stream, pools) in &st.pools {
+        for kind in [PoolKind::Small, PoolKind::Large] {
+            for (size, ptr, id) in pools.get(kind).iter() {
+                let b = st
+                    .blocks
+                    .get(id)
+                    .ok_or(format!("free list names missing block {id}"))?;
+                if !b.is_free()
+                    || b.size != size
+                    || b.ptr != ptr
+                    || b.stream != *stream
+                    || b.kind != kind
+                {
+                    return Err(format!("free list entry for block {id} is stale"));
+                }
+                listed += 1;
+            }
+        }
+    }
+    let free_count = st.blocks.iter().filter(|(_, b)| b.is_free()).count();
+    if listed != free_count {
+        return Err(format!(
+            "{listed} free-list entries for {free_count} free blocks"
+        ));
+    }
+
+    // The pointer map holds exactly the allocated blocks.
+    let allocated_count = st.blocks.iter().filter(|(_, b)| b.allocated).count();
+    if ptrs.len() != allocated_count {
+        return Err(format!(
+            "pointer map has {} entries for {allocated_count} allocated blocks",
+            ptrs.len()
+        ));
+    }
+
+    // Event counts equal queued events plus parked frees.
+    let mut tokens: HashMap<BlockId, u32> = HashMap::new();
+    let mut queued_events = Vec::new();
+    for (_, ev, id) in st.pending.iter() {
+        *tokens.entry(id).or_default() += 1;
+        queued_events.push(ev);
+    }
+    for &id in &st.parked {
+        *tokens.entry(id).or_default() += 1;
+    }
+    for (id, b) in st.blocks.iter() {
+        let want = tokens.get(&id).copied().unwrap_or(0);
+        if b.event_count != want {
+            return Err(format!(
+                "block {id}: event_count {} but {want} outstanding",
+                b.event_count
+            ));
+        }
+        if b.event_count > 0 && b.allocated {
+            return Err(format!(
+                "block {id}: allocated while events are outstanding"
+            ));
+        }
+    }
+    if let Some(ev) = st
+        .events
+        .idle_events()
+        .iter()
+        .find(|e| queued_events.contains(e))
+    {
+        return Err(format!("event {ev:?} is both idle and queued"));
+    }
+
+    if reserved != st.reserved {
+        return Err(format!(
+            "reserved {} but segments sum to {reserved}",
+            st.reserved
+        ));
+    }
+    let s = &st.stats;
+    compare("allocation", &s.allocation, &rc.allocation)?;
+    compare("allocated_bytes", &s.allocated_bytes, &rc.allocated_bytes)?;
+    compare("active", &s.active, &rc.active)?;
+    compare("active_bytes", &s.active_bytes, &rc.active_bytes)?;
+    compare("requested_bytes", &s.requested_bytes, &rc.requested_bytes)?;
+    compare("segment", &s.segment, &rc.segment)?;
+    compare("reserved_bytes", &s.reserved_bytes, &rc.reserved_bytes)?;
+    compare("inactive_split", &s.inactive_split, &rc.inactive_split)?;
+    compare(
+        "inactive_split_bytes",
+        &s.inactive_split_bytes,
+        &rc.inactive_split_bytes,
+    )?;
+    Ok(())
+}

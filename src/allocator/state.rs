@@ -1,0 +1,712 @@
+//! The block state of one device's allocator, behind its mutex.
+//!
+//! Invariants (see `invariants.rs`, which checks them):
+//! - every block belongs to exactly one segment, whose blocks tile it;
+//! - free blocks are exactly the free-list entries, and never neighbours;
+//! - allocated blocks are exactly the pointer-map entries;
+//! - a pending block's `event_count` equals its queued events plus parked frees;
+//! - `reserved` and every current statistic equal a recount of the blocks.
+
+use std::collections::{HashMap, HashSet};
+
+use slab::Slab;
+
+use super::oom;
+use crate::config::Config;
+use crate::device::{Device, DeviceError, DeviceIndex, DevicePtr, StreamHandle};
+use crate::error::Error;
+use crate::pool::rounding::{allocation_size, round_size, MIN_BLOCK, SMALL_SIZE};
+use crate::pool::{Block, BlockId, PoolKind, StreamPools};
+use crate::stats::{self, DeviceStats, StatType};
+use crate::stream::{EventPool, PendingFrees};
+
+/// What a block is doing, as snapshots report it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockState {
+    /// Handed out to a caller.
+    ActiveAllocated,
+    /// Freed by the caller, waiting for events on other streams.
+    ActivePendingFree,
+    /// Cached and reusable.
+    Inactive,
+}
+
+/// One block in a snapshot.
+#[derive(Clone, Debug)]
+pub struct BlockInfo {
+    /// Start address.
+    pub address: DevicePtr,
+    /// Size in bytes.
+    pub size: usize,
+    /// Bytes the caller asked for (0 when inactive).
+    pub requested_size: usize,
+    /// State.
+    pub state: BlockState,
+}
+
+/// One segment (device allocation) in a snapshot.
+#[derive(Clone, Debug)]
+pub struct SegmentInfo {
+    /// Start address.
+    pub address: DevicePtr,
+    /// Size in bytes.
+    pub total_size: usize,
+    /// Stream the segment serves.
+    pub stream: StreamHandle,
+    /// Pool.
+    pub kind: PoolKind,
+    /// Blocks in address order.
+    pub blocks: Vec<BlockInfo>,
+}
+
+pub(super) struct State {
+    pub config: Config,
+    pub blocks: Slab<Block>,
+    pub pools: HashMap<StreamHandle, StreamPools>,
+    pub known_streams: HashSet<StreamHandle>,
+    pub pending: PendingFrees,
+    /// Blocks whose events could not be recorded: each holds one `event_count` token
+    /// until the next full synchronisation.
+    pub parked: Vec<BlockId>,
+    pub events: EventPool,
+    pub stats: DeviceStats,
+    pub allowed_max: Option<usize>,
+    pub reserved: usize,
+    pub gc_calls: u64,
+}
+
+impl State {
+    pub fn new(config: Config) -> Self {
+        let mut known_streams = HashSet::new();
+        known_streams.insert(StreamHandle::DEFAULT);
+        State {
+            config,
+            blocks: Slab::new(),
+            pools: HashMap::new(),
+            known_streams,
+            pending: PendingFrees::default(),
+            parked: Vec::new(),
+            events: EventPool::default(),
+            stats: DeviceStats::default(),
+            allowed_max: None,
+            reserved: 0,
+            gc_calls: 0,
+        }
+    }
+
+    fn check_stream(
+        &mut self,
+        dev: &dyn Device,
+        index: DeviceIndex,
+        s: StreamHandle,
+    ) -> Result<(), Error> {
+        if !self.known_streams.contains(&s) {
+            dev.check_stream(index, s)?;
+            self.known_streams.insert(s);
+        }
+        Ok(())
+    }
+
+    fn gc_enabled(&self) -> bool {
+        self.allowed_max.is_some() && self.config.garbage_collection_threshold > 0.0
+    }
+
+    // ---- free lists -------------------------------------------------------------
+
+    fn pool_insert(&mut self, id: BlockId) {
+        let gc = self.gc_calls;
+        let b = &mut self.blocks[id];
+        b.gc_count_base = gc;
+        let (size, ptr, stream, kind) = (b.size, b.ptr, b.stream, b.kind);
+        self.pools
+            .entry(stream)
+            .or_default()
+            .get_mut(kind)
+            .insert(size, ptr, id);
+    }
+
+    fn pool_remove(&mut self, id: BlockId) {
+        let b = &self.blocks[id];
+        let removed = self
+            .pools
+            .get_mut(&b.stream)
+            .is_some_and(|p| p.get_mut(b.kind).remove(b.size, b.ptr, id));
+        debug_assert!(removed, "block {id} was not in its free list");
+    }
+
+    /// PyTorch's `get_free_block`: best fit on the same stream, honouring max_split_size.
+    fn get_free_block(
+        &mut self,
+        stream: StreamHandle,
+        kind: PoolKind,
+        size: usize,
+    ) -> Option<BlockId> {
+        if self.gc_enabled() {
+            self.gc_calls += 1;
+        }
+        let list = self.pools.get(&stream)?.get(kind);
+        let (bsize, _, id) = list.best_fit(size)?;
+        let max_split = self.config.max_split_size;
+        if size < max_split && bsize >= max_split {
+            return None;
+        }
+        if size >= max_split && bsize >= size.saturating_add(self.config.max_non_split_rounding) {
+            return None;
+        }
+        self.pool_remove(id);
+        Some(id)
+    }
+
+    // ---- malloc -----------------------------------------------------------------
+
+    pub fn malloc(
+        &mut self,
+        dev: &dyn Device,
+        index: DeviceIndex,
+        size: usize,
+        stream: StreamHandle,
+    ) -> Result<(DevicePtr, BlockId), Error> {
+        if size == 0 {
+            return Err(Error::ZeroSize);
+        }
+        let too_large = Error::SizeTooLarge { requested: size };
+        let rounded = round_size(size, &self.config).ok_or(too_large.clone())?;
+        let seg_size = allocation_size(rounded).ok_or(too_large)?;
+        self.check_stream(dev, index, stream)?;
+        self.process_events(dev, index);
+        let kind = PoolKind::for_size(rounded);
+
+        let id = match self.get_free_block(stream, kind, rounded) {
+            Some(id) => id,
+            None => self.allocate_segment(dev, index, size, rounded, seg_size, stream, kind)?,
+        };
+        let id = self.alloc_found_block(id, size, rounded);
+        Ok((self.blocks[id].ptr, id))
+    }
+
+    /// The slow path: a new segment, releasing cache as needed, or out of memory.
+    #[allow(clippy::too_many_arguments)]
+    fn allocate_segment(
+        &mut self,
+        dev: &dyn Device,
+        index: DeviceIndex,
+        size: usize,
+        rounded: usize,
+        seg_size: usize,
+        stream: StreamHandle,
+        kind: PoolKind,
+    ) -> Result<BlockId, Error> {
+        if self.gc_enabled() {
+            self.garbage_collect(dev, index);
+        }
+        if let Some(id) = self.alloc_block(dev, index, seg_size, stream, kind)? {
+            return Ok(id);
+        }
+        if self.release_available_cached_blocks(dev, index, stream, kind, rounded) {
+            if let Some(id) = self.alloc_block(dev, index, seg_size, stream, kind)? {
+                return Ok(id);
+            }
+        }
+        // Last resort: wait for all pending frees, release every cached segment, retry.
+        let released = self.release_cached_blocks(dev, index);
+        self.stats.num_alloc_retries += 1;
+        if released.is_ok() {
+            if let Some(id) = self.alloc_block(dev, index, seg_size, stream, kind)? {
+                return Ok(id);
+            }
+        }
+        self.stats.num_ooms += 1;
+        let info = dev.mem_info(index).ok();
+        Err(Error::OutOfMemory {
+            requested: size,
+            message: oom::message(index, size, seg_size, info, self.allowed_max, &self.stats),
+        })
+    }
+
+    /// Allocates a whole segment; `Ok(None)` when the device (or the fraction) is full.
+    fn alloc_block(
+        &mut self,
+        dev: &dyn Device,
+        index: DeviceIndex,
+        seg_size: usize,
+        stream: StreamHandle,
+        kind: PoolKind,
+    ) -> Result<Option<BlockId>, Error> {
+        if let Some(max) = self.allowed_max {
+            if self.reserved.saturating_add(seg_size) > max {
+                return Ok(None);
+            }
+        }
+        let ptr = match dev.malloc(index, seg_size) {
+            Ok(p) => p,
+            Err(e) if e.is_out_of_memory() => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        self.reserved += seg_size;
+        let st = kind.stat_type();
+        stats::increase(&mut self.stats.segment, st, 1);
+        stats::increase(&mut self.stats.reserved_bytes, st, seg_size);
+        self.stats.num_device_alloc += 1;
+        if seg_size >= self.config.max_split_size {
+            self.stats.oversize_segments.increase(1);
+        }
+        Ok(Some(
+            self.blocks
+                .insert(Block::segment(ptr, seg_size, stream, kind)),
+        ))
+    }
+
+    fn should_split(&self, block: &Block, rounded: usize) -> bool {
+        let rem = block.size - rounded;
+        match block.kind {
+            PoolKind::Small => rem >= MIN_BLOCK,
+            PoolKind::Large => rounded < self.config.max_split_size && rem > SMALL_SIZE,
+        }
+    }
+
+    /// Hands out block `id` (already out of its free list), splitting off the tail.
+    fn alloc_found_block(&mut self, id: BlockId, size: usize, rounded: usize) -> BlockId {
+        let st = self.blocks[id].kind.stat_type();
+        let already_split = self.blocks[id].is_split();
+        let mut out = id;
+        if self.should_split(&self.blocks[id], rounded) {
+            // The front becomes a new block; the original keeps the remainder.
+            let b = &self.blocks[id];
+            let mut front = Block::segment(b.ptr, rounded, b.stream, b.kind);
+            front.prev = b.prev;
+            front.next = Some(id);
+            let front_id = self.blocks.insert(front);
+            if let Some(p) = self.blocks[front_id].prev {
+                self.blocks[p].next = Some(front_id);
+            }
+            let rest = &mut self.blocks[id];
+            rest.prev = Some(front_id);
+            rest.ptr += rounded;
+            rest.size -= rounded;
+            let rest_size = rest.size;
+            self.pool_insert(id);
+            if already_split {
+                stats::decrease(&mut self.stats.inactive_split_bytes, st, rounded);
+            } else {
+                stats::increase(&mut self.stats.inactive_split_bytes, st, rest_size);
+                stats::increase(&mut self.stats.inactive_split, st, 1);
+            }
+            out = front_id;
+        } else if already_split {
+            let bsize = self.blocks[id].size;
+            stats::decrease(&mut self.stats.inactive_split_bytes, st, bsize);
+            stats::decrease(&mut self.stats.inactive_split, st, 1);
+        }
+        let b = &mut self.blocks[out];
+        b.allocated = true;
+        b.requested = size;
+        let bsize = b.size;
+        stats::increase(&mut self.stats.allocation, st, 1);
+        stats::increase(&mut self.stats.allocated_bytes, st, bsize);
+        stats::increase(&mut self.stats.active, st, 1);
+        stats::increase(&mut self.stats.active_bytes, st, bsize);
+        stats::increase(&mut self.stats.requested_bytes, st, size);
+        if bsize >= self.config.max_split_size {
+            self.stats.oversize_allocations.increase(1);
+        }
+        out
+    }
+
+    // ---- free ---------------------------------------------------------------------
+
+    pub fn free(&mut self, dev: &dyn Device, index: DeviceIndex, id: BlockId) {
+        let b = &mut self.blocks[id];
+        debug_assert!(b.allocated);
+        b.allocated = false;
+        let (st, size) = (b.kind.stat_type(), b.size);
+        stats::decrease(&mut self.stats.allocation, st, 1);
+        stats::decrease(&mut self.stats.allocated_bytes, st, size);
+        if size >= self.config.max_split_size {
+            self.stats.oversize_allocations.decrease(1);
+        }
+        if self.blocks[id].stream_uses.is_empty() {
+            self.free_block(id);
+        } else {
+            self.insert_events(dev, index, id);
+        }
+    }
+
+    /// Records one event per other stream the block was used on.
+    fn insert_events(&mut self, dev: &dyn Device, index: DeviceIndex, id: BlockId) {
+        let uses = std::mem::take(&mut self.blocks[id].stream_uses);
+        let mut failed = false;
+        for s in uses {
+            let recorded = self.events.get(dev, index).and_then(|ev| {
+                dev.event_record(index, ev, s).map(|_| ev).inspect_err(|_| {
+                    // Never queued: the event is idle and can go straight back.
+                    self.events.put(ev);
+                })
+            });
+            match recorded {
+                Ok(ev) => {
+                    self.blocks[id].event_count += 1;
+                    self.pending.push(s, ev, id);
+                }
+                Err(_) => failed = true,
+            }
+        }
+        if failed {
+            // Without an event we cannot tell when that stream is done with the block:
+            // park it until the next full synchronisation (empty_cache or OOM retry).
+            self.blocks[id].event_count += 1;
+            self.parked.push(id);
+        }
+    }
+
+    /// Returns a block to its free list, merging with free neighbours.
+    fn free_block(&mut self, id: BlockId) {
+        let b = &self.blocks[id];
+        debug_assert!(b.is_free() && b.stream_uses.is_empty());
+        let (st, original_size, requested) = (b.kind.stat_type(), b.size, b.requested);
+        let mut net_blocks: i64 = 0;
+        let mut net_bytes: i64 = 0;
+        let neighbours = [b.prev, b.next];
+        for n in neighbours.into_iter().flatten() {
+            let subsumed = self.try_merge(id, n);
+            if subsumed > 0 {
+                net_blocks -= 1;
+                net_bytes -= subsumed as i64;
+            }
+        }
+        self.blocks[id].requested = 0;
+        self.pool_insert(id);
+        if self.blocks[id].is_split() {
+            net_blocks += 1;
+            net_bytes += self.blocks[id].size as i64;
+        }
+        apply_net(&mut self.stats.inactive_split, st, net_blocks);
+        apply_net(&mut self.stats.inactive_split_bytes, st, net_bytes);
+        stats::decrease(&mut self.stats.active, st, 1);
+        stats::decrease(&mut self.stats.active_bytes, st, original_size);
+        stats::decrease(&mut self.stats.requested_bytes, st, requested);
+    }
+
+    /// Merges free neighbour `src` into `dst`; returns the bytes absorbed (0 if not free).
+    fn try_merge(&mut self, dst: BlockId, src: BlockId) -> usize {
+        if !self.blocks[src].is_free() {
+            return 0;
+        }
+        self.pool_remove(src);
+        let s = self.blocks.remove(src);
+        let d = &mut self.blocks[dst];
+        if d.prev == Some(src) {
+            d.ptr = s.ptr;
+            d.prev = s.prev;
+            d.size += s.size;
+            if let Some(p) = s.prev {
+                self.blocks[p].next = Some(dst);
+            }
+        } else {
+            d.next = s.next;
+            d.size += s.size;
+            if let Some(n) = s.next {
+                self.blocks[n].prev = Some(dst);
+            }
+        }
+        s.size
+    }
+
+    // ---- streams and events --------------------------------------------------------
+
+    pub fn record_stream(
+        &mut self,
+        dev: &dyn Device,
+        index: DeviceIndex,
+        id: BlockId,
+        ptr: DevicePtr,
+        stream: StreamHandle,
+    ) -> Result<(), Error> {
+        let live = self
+            .blocks
+            .get(id)
+            .is_some_and(|b| b.allocated && b.ptr == ptr);
+        if !live {
+            return Err(Error::UnknownPointer { ptr });
+        }
+        if self.blocks[id].stream == stream {
+            return Ok(());
+        }
+        self.check_stream(dev, index, stream)?;
+        let uses = &mut self.blocks[id].stream_uses;
+        if !uses.contains(&stream) {
+            uses.push(stream);
+        }
+        Ok(())
+    }
+
+    pub fn erase_stream(
+        &mut self,
+        id: BlockId,
+        ptr: DevicePtr,
+        stream: StreamHandle,
+    ) -> Result<(), Error> {
+        match self.blocks.get_mut(id) {
+            Some(b) if b.allocated && b.ptr == ptr => {
+                b.stream_uses.retain(|s| *s != stream);
+                Ok(())
+            }
+            _ => Err(Error::UnknownPointer { ptr }),
+        }
+    }
+
+    /// Returns blocks whose events have all completed to their free lists (no waiting).
+    pub fn process_events(&mut self, dev: &dyn Device, index: DeviceIndex) {
+        let mut ready = Vec::new();
+        let events = &mut self.events;
+        self.pending.poll(dev, index, |ev, id| {
+            events.put(ev);
+            ready.push(id);
+        });
+        for id in ready {
+            self.event_done(id);
+        }
+    }
+
+    fn event_done(&mut self, id: BlockId) {
+        let b = &mut self.blocks[id];
+        b.event_count -= 1;
+        if b.event_count == 0 {
+            self.free_block(id);
+        }
+    }
+
+    /// Waits for every pending event and parked free; PyTorch's `synchronize_and_free_events`.
+    fn synchronize_and_free_events(
+        &mut self,
+        dev: &dyn Device,
+        index: DeviceIndex,
+    ) -> Result<(), Error> {
+        self.stats.num_sync_all_streams += 1;
+        let mut first_err: Option<DeviceError> = None;
+        if !self.parked.is_empty() {
+            match dev.synchronize_device(index) {
+                Ok(()) => {
+                    for id in std::mem::take(&mut self.parked) {
+                        self.event_done(id);
+                    }
+                }
+                Err(e) => first_err = Some(e),
+            }
+        }
+        for (s, ev, id) in self.pending.drain() {
+            match dev.event_synchronize(index, ev) {
+                Ok(()) => {
+                    self.events.put(ev);
+                    self.event_done(id);
+                }
+                Err(e) => {
+                    self.pending.push(s, ev, id);
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        first_err.map_or(Ok(()), |e| Err(e.into()))
+    }
+
+    // ---- releasing memory -------------------------------------------------------------
+
+    /// Frees a whole, unsplit, free segment to the device.
+    fn release_block(
+        &mut self,
+        dev: &dyn Device,
+        index: DeviceIndex,
+        id: BlockId,
+    ) -> Result<(), Error> {
+        let b = &self.blocks[id];
+        debug_assert!(b.is_free() && !b.is_split());
+        dev.free(index, b.ptr)?;
+        let (st, size) = (b.kind.stat_type(), b.size);
+        self.pool_remove(id);
+        self.blocks.remove(id);
+        self.reserved -= size;
+        stats::decrease(&mut self.stats.segment, st, 1);
+        stats::decrease(&mut self.stats.reserved_bytes, st, size);
+        self.stats.num_device_free += 1;
+        if size >= self.config.max_split_size {
+            self.stats.oversize_segments.decrease(1);
+        }
+        Ok(())
+    }
+
+    /// Releases every free whole segment of every stream and pool.
+    fn release_free_segments(&mut self, dev: &dyn Device, index: DeviceIndex) -> Result<(), Error> {
+        let whole: Vec<BlockId> = self
+            .pools
+            .values()
+            .flat_map(|p| p.small.iter().chain(p.large.iter()))
+            .map(|(_, _, id)| id)
+            .filter(|&id| !self.blocks[id].is_split())
+            .collect();
+        let mut result = Ok(());
+        for id in whole {
+            if let Err(e) = self.release_block(dev, index, id) {
+                result = result.and(Err(e));
+            }
+        }
+        self.pools
+            .retain(|_, p| !(p.small.is_empty() && p.large.is_empty()));
+        result
+    }
+
+    /// PyTorch's `release_cached_blocks`: synchronise events, then free every cached segment.
+    pub fn release_cached_blocks(
+        &mut self,
+        dev: &dyn Device,
+        index: DeviceIndex,
+    ) -> Result<(), Error> {
+        let synced = self.synchronize_and_free_events(dev, index);
+        let released = self.release_free_segments(dev, index);
+        synced.and(released)
+    }
+
+    /// With `max_split_size` set: free oversize cached blocks of this stream until
+    /// `max(size, max_split_size)` bytes are released.
+    fn release_available_cached_blocks(
+        &mut self,
+        dev: &dyn Device,
+        index: DeviceIndex,
+        stream: StreamHandle,
+        kind: PoolKind,
+        size: usize,
+    ) -> bool {
+        let max_split = self.config.max_split_size;
+        if max_split == usize::MAX {
+            return false;
+        }
+        let target = size.max(max_split);
+        let Some(pools) = self.pools.get(&stream) else {
+            return false;
+        };
+        let list = pools.get(kind);
+        let whole = |id: BlockId| !self.blocks[id].is_split();
+        if let Some((_, _, id)) = list.best_fit(target).filter(|&(_, _, id)| whole(id)) {
+            return self.release_block(dev, index, id).is_ok();
+        }
+        let candidates: Vec<(usize, BlockId)> = list
+            .iter_desc()
+            .take_while(|&(s, _, _)| s >= max_split)
+            .filter(|&(_, _, id)| whole(id))
+            .map(|(s, _, id)| (s, id))
+            .collect();
+        let mut released = 0;
+        for (s, id) in candidates {
+            if released >= target {
+                break;
+            }
+            if self.release_block(dev, index, id).is_ok() {
+                released += s;
+            }
+        }
+        released >= target
+    }
+
+    /// PyTorch's garbage collection: free old, unsplit large cached blocks until usage
+    /// falls below the threshold.
+    fn garbage_collect(&mut self, dev: &dyn Device, index: DeviceIndex) {
+        let Some(max) = self.allowed_max else { return };
+        let threshold = (self.config.garbage_collection_threshold * max as f64) as usize;
+        if self.reserved <= threshold {
+            return;
+        }
+        let target = self.reserved - threshold;
+        let mut candidates: Vec<(u64, usize, BlockId)> = self
+            .pools
+            .values()
+            .flat_map(|p| p.large.iter())
+            .filter(|&(_, _, id)| !self.blocks[id].is_split())
+            .map(|(s, _, id)| (self.gc_calls - self.blocks[id].gc_count_base, s, id))
+            .collect();
+        let mut reclaimed = 0;
+        while reclaimed < target && !candidates.is_empty() {
+            let avg = candidates.iter().map(|c| c.0).sum::<u64>() / candidates.len() as u64;
+            let (old, young): (Vec<_>, Vec<_>) = candidates.into_iter().partition(|c| c.0 >= avg);
+            candidates = young;
+            for (_, s, id) in old {
+                if reclaimed >= target {
+                    break;
+                }
+                if self.release_block(dev, index, id).is_ok() {
+                    reclaimed += s;
+                }
+            }
+        }
+    }
+
+    pub fn empty_cache(&mut self, dev: &dyn Device, index: DeviceIndex) -> Result<(), Error> {
+        let released = self.release_cached_blocks(dev, index);
+        let destroyed = self.events.destroy_idle(dev, index).map_err(Error::from);
+        released.and(destroyed)
+    }
+
+    // ---- inspection ----------------------------------------------------------------------
+
+    pub fn stats_snapshot(&self) -> DeviceStats {
+        let mut s = self.stats;
+        s.max_split_size = i64::try_from(self.config.max_split_size).unwrap_or(i64::MAX);
+        s
+    }
+
+    pub fn segment_of(&self, id: BlockId) -> (DevicePtr, usize) {
+        let mut head = id;
+        while let Some(p) = self.blocks[head].prev {
+            head = p;
+        }
+        let (mut size, mut cur) = (0, Some(head));
+        while let Some(c) = cur {
+            size += self.blocks[c].size;
+            cur = self.blocks[c].next;
+        }
+        (self.blocks[head].ptr, size)
+    }
+
+    pub fn segments(&self) -> Vec<SegmentInfo> {
+        let mut out: Vec<SegmentInfo> = self
+            .blocks
+            .iter()
+            .filter(|(_, b)| b.prev.is_none())
+            .map(|(head, b)| {
+                let mut blocks = Vec::new();
+                let mut cur = Some(head);
+                while let Some(c) = cur {
+                    let blk = &self.blocks[c];
+                    let state = if blk.allocated {
+                        BlockState::ActiveAllocated
+                    } else if blk.event_count > 0 {
+                        BlockState::ActivePendingFree
+                    } else {
+                        BlockState::Inactive
+                    };
+                    blocks.push(BlockInfo {
+                        address: blk.ptr,
+                        size: blk.size,
+                        requested_size: blk.requested,
+                        state,
+                    });
+                    cur = blk.next;
+                }
+                SegmentInfo {
+                    address: b.ptr,
+                    total_size: blocks.iter().map(|x| x.size).sum(),
+                    stream: b.stream,
+                    kind: b.kind,
+                    blocks,
+                }
+            })
+            .collect();
+        out.sort_by_key(|s| s.address);
+        out
+    }
+}
+
+fn apply_net(arr: &mut stats::StatArray, st: StatType, net: i64) {
+    match net.cmp(&0) {
+        std::cmp::Ordering::Greater => stats::increase(arr, st, net as usize),
+        std::cmp::Ordering::Less => stats::decrease(arr, st, net.unsigned_abs() as usize),
+        std::cmp::Ordering::Equal => {}
+    }
+}

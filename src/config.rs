@@ -1,0 +1,238 @@
+//! Allocator settings, parsed from PyTorch's `key:value,key:value` syntax
+//! (`NPUALLOC_CONF`, `PYTORCH_NPU_ALLOC_CONF`).
+//!
+//! Supported keys: `max_split_size_mb`, `max_non_split_rounding_mb`,
+//! `roundup_power2_divisions` (one power of two, or a list
+//! `[256:1,512:2,>:4]` keyed by MiB intervals), `garbage_collection_threshold`,
+//! `expandable_segments` (only `False` for now).
+
+use crate::error::Error;
+
+const MIB: usize = 1 << 20;
+/// Number of power-of-two size intervals `roundup_power2_divisions` covers (1 MiB to 64 GiB).
+pub const ROUNDUP_INTERVALS: usize = 16;
+
+/// Parsed allocator settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    /// Blocks of at least this size are never split (default: unlimited).
+    pub max_split_size: usize,
+    /// An oversize block serves a request only if it is smaller than request + this.
+    pub max_non_split_rounding: usize,
+    /// Divisions per power-of-two interval (index `log2(size) - 20`, clamped); 0 = off.
+    pub roundup_power2_divisions: [usize; ROUNDUP_INTERVALS],
+    /// Reclaim cached blocks when usage passes this fraction of the allowed maximum.
+    pub garbage_collection_threshold: f64,
+    /// Virtual-memory segments (not implemented yet; must be false).
+    pub expandable_segments: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            max_split_size: usize::MAX,
+            max_non_split_rounding: 20 * MIB,
+            roundup_power2_divisions: [0; ROUNDUP_INTERVALS],
+            garbage_collection_threshold: 0.0,
+            expandable_segments: false,
+        }
+    }
+}
+
+fn bad(key: &str, value: &str, why: &str) -> Error {
+    Error::InvalidConfig(format!("bad value '{value}' for '{key}': {why}"))
+}
+
+fn parse_mb(key: &str, value: &str, min: usize) -> Result<usize, Error> {
+    let mb: usize = value
+        .parse()
+        .map_err(|_| bad(key, value, "expected a whole number of MiB"))?;
+    if mb < min {
+        return Err(bad(key, value, &format!("must be at least {min}")));
+    }
+    mb.checked_mul(MIB)
+        .ok_or_else(|| bad(key, value, "too large"))
+}
+
+fn parse_pow2(key: &str, value: &str, allow_zero: bool) -> Result<usize, Error> {
+    let n: usize = value
+        .parse()
+        .map_err(|_| bad(key, value, "expected a power of two"))?;
+    if (n == 0 && allow_zero) || n.is_power_of_two() {
+        Ok(n)
+    } else {
+        Err(bad(key, value, "expected a power of two"))
+    }
+}
+
+impl Config {
+    /// Parses a settings string; an empty string gives the defaults.
+    pub fn parse(s: &str) -> Result<Config, Error> {
+        let mut cfg = Config::default();
+        let s: String = s.chars().filter(|c| !c.is_whitespace()).collect();
+        for item in split_top_level(&s) {
+            if item.is_empty() {
+                continue;
+            }
+            let (key, value) = item
+                .split_once(':')
+                .ok_or_else(|| Error::InvalidConfig(format!("'{item}' is not key:value")))?;
+            match key {
+                "max_split_size_mb" => {
+                    cfg.max_split_size = parse_mb(key, value, 20)?;
+                }
+                "max_non_split_rounding_mb" => {
+                    cfg.max_non_split_rounding = parse_mb(key, value, 20)?;
+                }
+                "garbage_collection_threshold" => {
+                    let t: f64 = value
+                        .parse()
+                        .map_err(|_| bad(key, value, "expected a number"))?;
+                    if !(t > 0.0 && t < 1.0) {
+                        return Err(bad(key, value, "must be strictly between 0 and 1"));
+                    }
+                    cfg.garbage_collection_threshold = t;
+                }
+                "roundup_power2_divisions" => {
+                    cfg.roundup_power2_divisions = parse_divisions(key, value)?;
+                }
+                "expandable_segments" => {
+                    cfg.expandable_segments = match value {
+                        "True" => {
+                            return Err(bad(
+                                key,
+                                value,
+                                "expandable segments are not implemented yet",
+                            ))
+                        }
+                        "False" => false,
+                        _ => return Err(bad(key, value, "expected True or False")),
+                    };
+                }
+                _ => {
+                    return Err(Error::InvalidConfig(format!(
+                        "unrecognized key '{key}' in allocator config"
+                    )))
+                }
+            }
+        }
+        Ok(cfg)
+    }
+
+    /// Divisions that apply to a request of `size` bytes.
+    pub fn divisions_for(&self, size: usize) -> usize {
+        let log = usize::BITS - 1 - size.max(1).leading_zeros();
+        let idx = (log as usize).saturating_sub(20).min(ROUNDUP_INTERVALS - 1);
+        self.roundup_power2_divisions[idx]
+    }
+}
+
+/// Splits on commas that are not inside `[...]`.
+fn split_top_level(s: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let (mut depth, mut start) = (0i32, 0);
+    for (i, c) in s.char_indices() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth -= 1,
+            ',' if depth == 0 => {
+                out.push(&s[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out.push(&s[start..]);
+    out
+}
+
+fn parse_divisions(key: &str, value: &str) -> Result<[usize; ROUNDUP_INTERVALS], Error> {
+    let mut table = [0; ROUNDUP_INTERVALS];
+    let Some(list) = value.strip_prefix('[') else {
+        let d = parse_pow2(key, value, false)?;
+        return Ok([d; ROUNDUP_INTERVALS]);
+    };
+    let list = list
+        .strip_suffix(']')
+        .ok_or_else(|| bad(key, value, "list is missing its closing ']'"))?;
+    let mut last_index = 0usize;
+    let mut first = true;
+    for entry in list.split(',') {
+        let (k, v) = entry.split_once(':').ok_or_else(|| {
+            bad(
+                key,
+                value,
+                &format!("list entry '{entry}' is not size:divisions"),
+            )
+        })?;
+        let d = parse_pow2(key, v, true)?;
+        if k == ">" {
+            for slot in table
+                .iter_mut()
+                .skip(if first { 0 } else { last_index + 1 })
+            {
+                *slot = d;
+            }
+            continue;
+        }
+        let mb = parse_pow2(key, k, false)?;
+        let index = (mb.trailing_zeros() as usize).min(ROUNDUP_INTERVALS - 1);
+        if !first && index <= last_index {
+            return Err(bad(key, value, "interval sizes must increase"));
+        }
+        let from = if first { 0 } else { last_index + 1 };
+        for slot in &mut table[from..=index] {
+            *slot = d;
+        }
+        last_index = index;
+        first = false;
+    }
+    Ok(table)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_from_empty_string() {
+        assert_eq!(Config::parse("").unwrap(), Config::default());
+        assert_eq!(Config::default().max_split_size, usize::MAX);
+    }
+
+    #[test]
+    fn parses_pytorch_syntax() {
+        let c = Config::parse(
+            "max_split_size_mb:128, roundup_power2_divisions:4,garbage_collection_threshold:0.8",
+        )
+        .unwrap();
+        assert_eq!(c.max_split_size, 128 * MIB);
+        assert_eq!(c.divisions_for(3 * MIB), 4);
+        assert!((c.garbage_collection_threshold - 0.8).abs() < 1e-12);
+    }
+
+    #[test]
+    fn parses_division_list() {
+        let c = Config::parse("roundup_power2_divisions:[256:1,512:2,>:8]").unwrap();
+        assert_eq!(c.divisions_for(100 * MIB), 1);
+        assert_eq!(c.divisions_for(600 * MIB), 2);
+        assert_eq!(c.divisions_for(4096 * MIB), 8);
+    }
+
+    #[test]
+    fn rejects_bad_input_naming_the_key() {
+        for (s, needle) in [
+            ("foo:1", "foo"),
+            ("max_split_size_mb:abc", "max_split_size_mb"),
+            ("max_split_size_mb:10", "at least 20"),
+            ("roundup_power2_divisions:3", "power of two"),
+            ("garbage_collection_threshold:1.5", "between 0 and 1"),
+            ("expandable_segments:maybe", "True or False"),
+            ("max_split_size_mb", "key:value"),
+            ("roundup_power2_divisions:[256:1", "closing"),
+        ] {
+            let e = Config::parse(s).unwrap_err().to_string();
+            assert!(e.contains(needle), "{s}: {e}");
+        }
+    }
+}

@@ -1,0 +1,164 @@
+//! The device abstraction: what the allocator needs from an accelerator runtime.
+//!
+//! Backends: [`sim`] (a simulated device with real asynchronous streams, used by
+//! every test); the Ascend ACL and CUDA runtimes arrive as further modules.
+//!
+//! Handles are plain integers so that a runtime's opaque pointers (`aclrtStream`,
+//! `cudaEvent_t`) pass through unchanged. Stream `0` is a device's default stream.
+
+pub mod sim;
+
+use std::fmt;
+
+/// Index of a device as the runtime numbers them (0-based).
+pub type DeviceIndex = usize;
+
+/// A device address.
+pub type DevicePtr = usize;
+
+/// A stream handle: the runtime's stream pointer as an integer; `0` is the default stream.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct StreamHandle(pub usize);
+
+impl StreamHandle {
+    /// The device's default stream.
+    pub const DEFAULT: StreamHandle = StreamHandle(0);
+}
+
+impl fmt::Debug for StreamHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "stream {:#x}", self.0)
+    }
+}
+
+impl fmt::Display for StreamHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+/// An event handle: the runtime's event pointer as an integer.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct EventHandle(pub usize);
+
+/// Free and total memory of a device, in bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemInfo {
+    /// Bytes the runtime could still allocate.
+    pub free: usize,
+    /// Total device memory.
+    pub total: usize,
+}
+
+/// Errors reported by a device backend.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeviceError {
+    /// The runtime could not satisfy an allocation.
+    #[error("device {device} out of memory: tried to allocate {requested} bytes")]
+    OutOfMemory {
+        /// Device index.
+        device: DeviceIndex,
+        /// Bytes asked of the runtime.
+        requested: usize,
+    },
+    /// The device index is not below the runtime's device count.
+    #[error("invalid device {device}: the runtime has {count} device(s)")]
+    InvalidDevice {
+        /// The index asked for.
+        device: i64,
+        /// Devices the runtime has.
+        count: usize,
+    },
+    /// The stream is not known to the runtime.
+    #[error("unknown stream {stream} on device {device}")]
+    UnknownStream {
+        /// Device index.
+        device: DeviceIndex,
+        /// The stream handle.
+        stream: StreamHandle,
+    },
+    /// The event handle is not (or no longer) valid.
+    #[error("unknown or destroyed event {event:#x} on device {device}")]
+    UnknownEvent {
+        /// Device index.
+        device: DeviceIndex,
+        /// The raw event handle.
+        event: usize,
+    },
+    /// A pointer given to the runtime is not a live device allocation.
+    #[error("pointer {ptr:#x} is not a live allocation of device {device}")]
+    InvalidPointer {
+        /// Device index.
+        device: DeviceIndex,
+        /// The pointer.
+        ptr: DevicePtr,
+    },
+    /// The runtime reported another failure; `code` is its own error code.
+    #[error("runtime call {call} failed with code {code}: {message}")]
+    Runtime {
+        /// The runtime function that failed.
+        call: &'static str,
+        /// The runtime's error code.
+        code: i64,
+        /// The runtime's message, if it gave one.
+        message: String,
+    },
+    /// The runtime library or one of its functions is missing.
+    #[error("backend unavailable: {0}")]
+    Unavailable(String),
+}
+
+impl DeviceError {
+    /// True when this error means "no memory left", which the allocator may recover from.
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(self, DeviceError::OutOfMemory { .. })
+    }
+}
+
+/// What the caching allocator needs from a device runtime.
+///
+/// Every method takes the device index explicitly; implementations must not leave the
+/// calling thread's current device changed. Implementations are shared between threads.
+pub trait Device: Send + Sync {
+    /// Human-readable backend name (`sim`, `acl`, `cuda`).
+    fn name(&self) -> &'static str;
+    /// Number of devices the runtime exposes.
+    fn device_count(&self) -> usize;
+    /// Allocates `size` bytes of device memory; the result is at least 512-byte aligned.
+    fn malloc(&self, device: DeviceIndex, size: usize) -> Result<DevicePtr, DeviceError>;
+    /// Frees memory returned by [`Device::malloc`].
+    fn free(&self, device: DeviceIndex, ptr: DevicePtr) -> Result<(), DeviceError>;
+    /// Free and total memory.
+    fn mem_info(&self, device: DeviceIndex) -> Result<MemInfo, DeviceError>;
+    /// Checks that `stream` is a stream of `device` the runtime knows; the default
+    /// stream is always valid. Backends that cannot tell return `Ok`.
+    fn check_stream(&self, device: DeviceIndex, stream: StreamHandle) -> Result<(), DeviceError> {
+        let _ = (device, stream);
+        Ok(())
+    }
+    /// Creates an event usable for [`Device::event_record`].
+    fn event_create(&self, device: DeviceIndex) -> Result<EventHandle, DeviceError>;
+    /// Destroys an event.
+    fn event_destroy(&self, device: DeviceIndex, event: EventHandle) -> Result<(), DeviceError>;
+    /// Records `event` on `stream`: it completes when all work queued before it has run.
+    fn event_record(
+        &self,
+        device: DeviceIndex,
+        event: EventHandle,
+        stream: StreamHandle,
+    ) -> Result<(), DeviceError>;
+    /// Returns whether the last record of `event` has completed (never blocks).
+    fn event_query(&self, device: DeviceIndex, event: EventHandle) -> Result<bool, DeviceError>;
+    /// Blocks the host until the last record of `event` has completed.
+    fn event_synchronize(&self, device: DeviceIndex, event: EventHandle)
+        -> Result<(), DeviceError>;
+    /// Makes future work on `stream` wait, on the device, for `event`'s last record.
+    fn stream_wait_event(
+        &self,
+        device: DeviceIndex,
+        stream: StreamHandle,
+        event: EventHandle,
+    ) -> Result<(), DeviceError>;
+    /// Blocks the host until all work on every stream of `device` has run.
+    fn synchronize_device(&self, device: DeviceIndex) -> Result<(), DeviceError>;
+}

@@ -1,0 +1,521 @@
+//! A simulated device with real asynchronous streams and events.
+//!
+//! - **Threaded mode**: each stream has a worker thread that runs queued operations
+//!   (kernels, event records, waits) as they arrive, so races behave like a device.
+//! - **Manual mode**: nothing runs until a test calls [`SimDevice::step`] or
+//!   [`SimDevice::complete_stream`], so tests decide exactly when work finishes.
+//!
+//! Memory is *backed* (kernels read and write real host buffers) or *unbacked*
+//! (addresses only, so a 60 GiB trace costs megabytes). Capacity, device count and
+//! fault injection are configurable, and counters report what the allocator did.
+
+mod memory;
+mod stream;
+
+pub use memory::SimMemory;
+pub use stream::Kernel;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use parking_lot::{Mutex, RwLock};
+
+use super::{Device, DeviceError, DeviceIndex, DevicePtr, EventHandle, MemInfo, StreamHandle};
+use stream::{EventState, Op, Progress, StreamState};
+
+/// How queued work runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SimMode {
+    /// A worker thread per stream runs work as it arrives.
+    Threaded,
+    /// Work runs only when a test steps a stream.
+    Manual,
+}
+
+/// Settings of a [`SimDevice`].
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    /// Number of devices.
+    pub devices: usize,
+    /// Capacity of each device in bytes.
+    pub capacity: usize,
+    /// Back device memory with host memory (kernels can read and write it).
+    pub backed: bool,
+    /// Threaded or manual execution.
+    pub mode: SimMode,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            devices: 1,
+            capacity: 64 << 30,
+            backed: false,
+            mode: SimMode::Manual,
+        }
+    }
+}
+
+/// Which error an injected device-allocation failure reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InjectedFailure {
+    /// Reported as out of memory.
+    OutOfMemory,
+    /// Reported as a runtime error with code 507899 (an internal error).
+    RuntimeError,
+}
+
+/// Counters of one simulated device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SimCounters {
+    /// Successful device allocations.
+    pub mallocs: u64,
+    /// Successful device frees.
+    pub frees: u64,
+    /// Bytes currently allocated.
+    pub live_bytes: usize,
+    /// Highest `live_bytes` seen.
+    pub peak_bytes: usize,
+    /// Live device allocations.
+    pub live_allocations: usize,
+    /// Events created.
+    pub events_created: u64,
+    /// Events destroyed.
+    pub events_destroyed: u64,
+    /// Event records queued.
+    pub event_records: u64,
+    /// Host-blocking synchronisations (event or device).
+    pub synchronizations: u64,
+    /// Misuses seen: freeing an unknown pointer, using a destroyed event, a kernel
+    /// touching memory that is not allocated.
+    pub violations: u64,
+}
+
+#[derive(Default)]
+struct Faults {
+    /// Fail the n-th next malloc (1 = the next one); 0 = off.
+    malloc_countdown: AtomicU64,
+    malloc_kind: Mutex<Option<InjectedFailure>>,
+    /// Fail the n-th next event creation; 0 = off.
+    event_countdown: AtomicU64,
+}
+
+fn tick(countdown: &AtomicU64) -> bool {
+    countdown
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| match n {
+            0 => None,
+            n => Some(n - 1),
+        })
+        .is_ok_and(|before| before == 1)
+}
+
+struct DevState {
+    index: DeviceIndex,
+    memory: Arc<SimMemory>,
+    streams: RwLock<HashMap<StreamHandle, Arc<StreamState>>>,
+    events: Mutex<HashMap<usize, Arc<EventState>>>,
+    progress: Arc<Progress>,
+    workers: Mutex<Vec<JoinHandle<()>>>,
+    faults: Faults,
+    mallocs: AtomicU64,
+    frees: AtomicU64,
+    events_created: AtomicU64,
+    events_destroyed: AtomicU64,
+    event_records: AtomicU64,
+    syncs: AtomicU64,
+}
+
+/// The simulated device (all of its devices).
+pub struct SimDevice {
+    config: SimConfig,
+    devices: Vec<DevState>,
+    next_handle: AtomicUsize,
+}
+
+impl std::fmt::Debug for SimDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimDevice")
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+impl SimDevice {
+    /// Creates a simulated device with the default stream of each device ready.
+    pub fn new(config: SimConfig) -> Arc<SimDevice> {
+        let devices = (0..config.devices)
+            .map(|index| DevState {
+                index,
+                memory: Arc::new(SimMemory::new(index, config.capacity, config.backed)),
+                streams: RwLock::new(HashMap::new()),
+                events: Mutex::new(HashMap::new()),
+                progress: Arc::new(Progress::default()),
+                workers: Mutex::new(Vec::new()),
+                faults: Faults::default(),
+                mallocs: AtomicU64::new(0),
+                frees: AtomicU64::new(0),
+                events_created: AtomicU64::new(0),
+                events_destroyed: AtomicU64::new(0),
+                event_records: AtomicU64::new(0),
+                syncs: AtomicU64::new(0),
+            })
+            .collect();
+        let sim = SimDevice {
+            config,
+            devices,
+            next_handle: AtomicUsize::new(0x1000),
+        };
+        for d in &sim.devices {
+            sim.add_stream(d, StreamHandle::DEFAULT);
+        }
+        Arc::new(sim)
+    }
+
+    /// The settings this device was made with.
+    pub fn config(&self) -> &SimConfig {
+        &self.config
+    }
+
+    fn dev(&self, device: DeviceIndex) -> Result<&DevState, DeviceError> {
+        self.devices.get(device).ok_or(DeviceError::InvalidDevice {
+            device: device as i64,
+            count: self.devices.len(),
+        })
+    }
+
+    fn add_stream(&self, d: &DevState, handle: StreamHandle) {
+        let s = Arc::new(StreamState::new());
+        if self.config.mode == SimMode::Threaded {
+            let (s2, mem, prog) = (s.clone(), d.memory.clone(), d.progress.clone());
+            let h = std::thread::Builder::new()
+                .name(format!("sim-dev{}-{:#x}", d.index, handle.0))
+                .spawn(move || s2.run_worker(mem, prog))
+                .expect("spawn simulated stream worker");
+            d.workers.lock().push(h);
+        }
+        d.streams.write().insert(handle, s);
+    }
+
+    /// Creates a new stream on `device`.
+    pub fn create_stream(&self, device: DeviceIndex) -> Result<StreamHandle, DeviceError> {
+        let d = self.dev(device)?;
+        let handle = StreamHandle(self.next_handle.fetch_add(0x10, Ordering::Relaxed));
+        self.add_stream(d, handle);
+        Ok(handle)
+    }
+
+    fn stream(
+        &self,
+        device: DeviceIndex,
+        stream: StreamHandle,
+    ) -> Result<Arc<StreamState>, DeviceError> {
+        let d = self.dev(device)?;
+        d.streams
+            .read()
+            .get(&stream)
+            .cloned()
+            .ok_or(DeviceError::UnknownStream { device, stream })
+    }
+
+    fn event(
+        &self,
+        device: DeviceIndex,
+        event: EventHandle,
+    ) -> Result<Arc<EventState>, DeviceError> {
+        let d = self.dev(device)?;
+        let found = d.events.lock().get(&event.0).cloned();
+        found.ok_or_else(|| {
+            d.memory.note_violation();
+            DeviceError::UnknownEvent {
+                device,
+                event: event.0,
+            }
+        })
+    }
+
+    /// Queues a kernel on `stream`.
+    pub fn launch(
+        &self,
+        device: DeviceIndex,
+        stream: StreamHandle,
+        kernel: impl FnOnce(&SimMemory) + Send + 'static,
+    ) -> Result<(), DeviceError> {
+        self.stream(device, stream)?
+            .push(Op::Kernel(Box::new(kernel)));
+        Ok(())
+    }
+
+    /// The memory of `device`, for host-side reads after synchronising.
+    pub fn memory(&self, device: DeviceIndex) -> Result<Arc<SimMemory>, DeviceError> {
+        Ok(self.dev(device)?.memory.clone())
+    }
+
+    /// Manual mode: runs up to `max` queued operations of `stream`; returns how many ran.
+    pub fn step(
+        &self,
+        device: DeviceIndex,
+        stream: StreamHandle,
+        max: usize,
+    ) -> Result<usize, DeviceError> {
+        let d = self.dev(device)?;
+        let s = self.stream(device, stream)?;
+        Ok(s.step(max, &d.memory, &d.progress))
+    }
+
+    /// Runs (manual mode) or waits for (threaded mode) everything queued on `stream`.
+    /// In manual mode, work blocked on an unsatisfied wait stays queued; returns the
+    /// number of operations still pending.
+    pub fn complete_stream(
+        &self,
+        device: DeviceIndex,
+        stream: StreamHandle,
+    ) -> Result<u64, DeviceError> {
+        let d = self.dev(device)?;
+        let s = self.stream(device, stream)?;
+        match self.config.mode {
+            SimMode::Manual => {
+                s.step(usize::MAX, &d.memory, &d.progress);
+            }
+            SimMode::Threaded => d.progress.wait_until(|| s.is_idle(), || false),
+        }
+        Ok(s.pending())
+    }
+
+    /// Operations queued on `stream` that have not run.
+    pub fn pending(&self, device: DeviceIndex, stream: StreamHandle) -> Result<u64, DeviceError> {
+        Ok(self.stream(device, stream)?.pending())
+    }
+
+    /// Manual mode: steps every stream until none can make progress. Returns whether
+    /// all streams are idle afterwards.
+    fn run_until_idle(&self, d: &DevState) -> bool {
+        loop {
+            let streams: Vec<_> = d.streams.read().values().cloned().collect();
+            let ran: usize = streams
+                .iter()
+                .map(|s| s.step(usize::MAX, &d.memory, &d.progress))
+                .sum();
+            if streams.iter().all(|s| s.is_idle()) {
+                return true;
+            }
+            if ran == 0 {
+                return false;
+            }
+        }
+    }
+
+    /// Makes the `nth` next device allocation on `device` fail (1 = the next one).
+    pub fn fail_nth_malloc(&self, device: DeviceIndex, nth: u64, kind: InjectedFailure) {
+        if let Ok(d) = self.dev(device) {
+            *d.faults.malloc_kind.lock() = Some(kind);
+            d.faults.malloc_countdown.store(nth, Ordering::Release);
+        }
+    }
+
+    /// Makes the `nth` next event creation on `device` fail (1 = the next one).
+    pub fn fail_nth_event_create(&self, device: DeviceIndex, nth: u64) {
+        if let Ok(d) = self.dev(device) {
+            d.faults.event_countdown.store(nth, Ordering::Release);
+        }
+    }
+
+    /// Current counters of `device`.
+    pub fn counters(&self, device: DeviceIndex) -> SimCounters {
+        let Ok(d) = self.dev(device) else {
+            return SimCounters::default();
+        };
+        SimCounters {
+            mallocs: d.mallocs.load(Ordering::Relaxed),
+            frees: d.frees.load(Ordering::Relaxed),
+            live_bytes: d.memory.live_bytes(),
+            peak_bytes: d.memory.peak_bytes(),
+            live_allocations: d.memory.live_allocations(),
+            events_created: d.events_created.load(Ordering::Relaxed),
+            events_destroyed: d.events_destroyed.load(Ordering::Relaxed),
+            event_records: d.event_records.load(Ordering::Relaxed),
+            synchronizations: d.syncs.load(Ordering::Relaxed),
+            violations: d.memory.violations(),
+        }
+    }
+}
+
+impl Drop for SimDevice {
+    fn drop(&mut self) {
+        for d in &self.devices {
+            for s in d.streams.read().values() {
+                s.stop();
+            }
+            d.progress.notify();
+            for h in d.workers.lock().drain(..) {
+                let _ = h.join();
+            }
+        }
+    }
+}
+
+impl Device for SimDevice {
+    fn name(&self) -> &'static str {
+        "sim"
+    }
+
+    fn device_count(&self) -> usize {
+        self.devices.len()
+    }
+
+    fn malloc(&self, device: DeviceIndex, size: usize) -> Result<DevicePtr, DeviceError> {
+        let d = self.dev(device)?;
+        if tick(&d.faults.malloc_countdown) {
+            return Err(match *d.faults.malloc_kind.lock() {
+                Some(InjectedFailure::RuntimeError) => DeviceError::Runtime {
+                    call: "sim_malloc",
+                    code: 507899,
+                    message: "injected failure".into(),
+                },
+                _ => DeviceError::OutOfMemory {
+                    device,
+                    requested: size,
+                },
+            });
+        }
+        let ptr = d.memory.allocate(size)?;
+        d.mallocs.fetch_add(1, Ordering::Relaxed);
+        Ok(ptr)
+    }
+
+    fn free(&self, device: DeviceIndex, ptr: DevicePtr) -> Result<(), DeviceError> {
+        let d = self.dev(device)?;
+        d.memory.release(ptr)?;
+        d.frees.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn mem_info(&self, device: DeviceIndex) -> Result<MemInfo, DeviceError> {
+        let d = self.dev(device)?;
+        let total = d.memory.capacity();
+        Ok(MemInfo {
+            free: total - d.memory.live_bytes(),
+            total,
+        })
+    }
+
+    fn check_stream(&self, device: DeviceIndex, stream: StreamHandle) -> Result<(), DeviceError> {
+        self.stream(device, stream).map(|_| ())
+    }
+
+    fn event_create(&self, device: DeviceIndex) -> Result<EventHandle, DeviceError> {
+        let d = self.dev(device)?;
+        if tick(&d.faults.event_countdown) {
+            return Err(DeviceError::Runtime {
+                call: "sim_event_create",
+                code: 507899,
+                message: "injected failure".into(),
+            });
+        }
+        let handle = self.next_handle.fetch_add(0x10, Ordering::Relaxed);
+        d.events
+            .lock()
+            .insert(handle, Arc::new(EventState::default()));
+        d.events_created.fetch_add(1, Ordering::Relaxed);
+        Ok(EventHandle(handle))
+    }
+
+    fn event_destroy(&self, device: DeviceIndex, event: EventHandle) -> Result<(), DeviceError> {
+        let d = self.dev(device)?;
+        if d.events.lock().remove(&event.0).is_none() {
+            d.memory.note_violation();
+            return Err(DeviceError::UnknownEvent {
+                device,
+                event: event.0,
+            });
+        }
+        d.events_destroyed.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn event_record(
+        &self,
+        device: DeviceIndex,
+        event: EventHandle,
+        stream: StreamHandle,
+    ) -> Result<(), DeviceError> {
+        let ev = self.event(device, event)?;
+        let s = self.stream(device, stream)?;
+        let gen = ev.recorded.fetch_add(1, Ordering::AcqRel) + 1;
+        s.push(Op::Record(ev, gen));
+        self.dev(device)?
+            .event_records
+            .fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn event_query(&self, device: DeviceIndex, event: EventHandle) -> Result<bool, DeviceError> {
+        Ok(self.event(device, event)?.is_complete())
+    }
+
+    fn event_synchronize(
+        &self,
+        device: DeviceIndex,
+        event: EventHandle,
+    ) -> Result<(), DeviceError> {
+        let ev = self.event(device, event)?;
+        let d = self.dev(device)?;
+        d.syncs.fetch_add(1, Ordering::Relaxed);
+        match self.config.mode {
+            SimMode::Threaded => d.progress.wait_until(|| ev.is_complete(), || false),
+            SimMode::Manual => {
+                // The host waits: the device runs until the event completes.
+                self.run_until_idle(d);
+            }
+        }
+        if ev.is_complete() {
+            Ok(())
+        } else {
+            Err(DeviceError::Runtime {
+                call: "sim_event_synchronize",
+                code: 507000,
+                message: "event can never complete: its stream waits on an event never recorded to completion".into(),
+            })
+        }
+    }
+
+    fn stream_wait_event(
+        &self,
+        device: DeviceIndex,
+        stream: StreamHandle,
+        event: EventHandle,
+    ) -> Result<(), DeviceError> {
+        let ev = self.event(device, event)?;
+        let s = self.stream(device, stream)?;
+        let gen = ev.recorded.load(Ordering::Acquire);
+        if gen > 0 {
+            s.push(Op::Wait(ev, gen));
+        }
+        Ok(())
+    }
+
+    fn synchronize_device(&self, device: DeviceIndex) -> Result<(), DeviceError> {
+        let d = self.dev(device)?;
+        d.syncs.fetch_add(1, Ordering::Relaxed);
+        let idle = match self.config.mode {
+            SimMode::Threaded => {
+                let streams: Vec<_> = d.streams.read().values().cloned().collect();
+                d.progress
+                    .wait_until(|| streams.iter().all(|s| s.is_idle()), || false);
+                true
+            }
+            SimMode::Manual => self.run_until_idle(d),
+        };
+        if idle {
+            Ok(())
+        } else {
+            Err(DeviceError::Runtime {
+                call: "sim_synchronize_device",
+                code: 507000,
+                message: "device cannot drain: a stream waits on an event that never completes"
+                    .into(),
+            })
+        }
+    }
+}

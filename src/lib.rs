@@ -1,0 +1,22 @@
+//! npualloc: a caching device-memory allocator for Ascend NPUs with cross-stream
+//! lifetime tracking.
+//!
+//! The allocator ([`CachingAllocator`]) sits on a [`device::Device`]; blocks are cached
+//! per stream, split and coalesced, and blocks used on other streams
+//! ([`CachingAllocator::record_stream`]) return to their pool only once events recorded
+//! on those streams complete.
+#![warn(missing_docs)]
+
+pub mod allocator;
+pub mod config;
+pub mod device;
+pub mod error;
+pub mod pool;
+pub mod stats;
+pub mod stream;
+
+pub use allocator::CachingAllocator;
+pub use config::Config;
+pub use device::{Device, DeviceError, DeviceIndex, DevicePtr, EventHandle, StreamHandle};
+pub use error::Error;
+pub use stats::{DeviceStats, Stat, StatType};

@@ -1,0 +1,8 @@
+//! Blocks, their arena, size rounding, and the per-stream free lists.
+
+pub mod block;
+pub mod free_list;
+pub mod rounding;
+
+pub use block::{Block, BlockId, PoolKind};
+pub use free_list::{FreeList, StreamPools};

@@ -1,0 +1,179 @@
+//! Allocator statistics with exactly PyTorch's `DeviceStats` meaning.
+//!
+//! Every [`Stat`] keeps `current`, `peak`, `allocated` (sum of increases) and `freed`
+//! (sum of decreases); arrays are indexed by [`StatType`].
+
+/// Which pool a statistic counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(usize)]
+pub enum StatType {
+    /// Both pools together.
+    Aggregate = 0,
+    /// The small pool (requests of at most 1 MiB).
+    SmallPool = 1,
+    /// The large pool.
+    LargePool = 2,
+}
+
+/// One counter: current value, peak, total increases and total decreases.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct Stat {
+    /// Current value.
+    pub current: i64,
+    /// Highest value since the last peak reset.
+    pub peak: i64,
+    /// Sum of all increases.
+    pub allocated: i64,
+    /// Sum of all decreases.
+    pub freed: i64,
+}
+
+impl Stat {
+    /// Adds `amount`.
+    pub fn increase(&mut self, amount: usize) {
+        let a = amount as i64;
+        self.current += a;
+        self.peak = self.peak.max(self.current);
+        self.allocated += a;
+    }
+
+    /// Subtracts `amount`.
+    pub fn decrease(&mut self, amount: usize) {
+        let a = amount as i64;
+        self.current -= a;
+        self.freed += a;
+    }
+
+    /// Sets the peak to the current value.
+    pub fn reset_peak(&mut self) {
+        self.peak = self.current;
+    }
+}
+
+/// A statistic per [`StatType`].
+pub type StatArray = [Stat; 3];
+
+/// Adds `amount` to the aggregate and to `pool`'s entry.
+pub fn increase(arr: &mut StatArray, pool: StatType, amount: usize) {
+    arr[StatType::Aggregate as usize].increase(amount);
+    arr[pool as usize].increase(amount);
+}
+
+/// Subtracts `amount` from the aggregate and from `pool`'s entry.
+pub fn decrease(arr: &mut StatArray, pool: StatType, amount: usize) {
+    arr[StatType::Aggregate as usize].decrease(amount);
+    arr[pool as usize].decrease(amount);
+}
+
+/// Statistics of one device's allocator (PyTorch's `DeviceStats`, same field order).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct DeviceStats {
+    /// Live allocations (drops when the caller frees).
+    pub allocation: StatArray,
+    /// Device allocations (segments) held.
+    pub segment: StatArray,
+    /// Blocks allocated or waiting for their stream events.
+    pub active: StatArray,
+    /// Free blocks that are part of a split segment.
+    pub inactive_split: StatArray,
+    /// Bytes of live allocations (rounded block sizes).
+    pub allocated_bytes: StatArray,
+    /// Device memory held.
+    pub reserved_bytes: StatArray,
+    /// Bytes of active blocks.
+    pub active_bytes: StatArray,
+    /// Bytes of inactive split blocks.
+    pub inactive_split_bytes: StatArray,
+    /// Bytes callers asked for (before rounding), over active blocks.
+    pub requested_bytes: StatArray,
+    /// Allocations that needed the whole cache released and a retry.
+    pub num_alloc_retries: i64,
+    /// Allocations that failed with out of memory.
+    pub num_ooms: i64,
+    /// Allocations of at least `max_split_size`.
+    pub oversize_allocations: Stat,
+    /// Segments of at least `max_split_size`.
+    pub oversize_segments: Stat,
+    /// Times every pending event was synchronised.
+    pub num_sync_all_streams: i64,
+    /// Device allocations made.
+    pub num_device_alloc: i64,
+    /// Device frees made.
+    pub num_device_free: i64,
+    /// The `max_split_size` setting (bytes; `i64::MAX` when unlimited).
+    pub max_split_size: i64,
+}
+
+impl DeviceStats {
+    fn arrays_mut(&mut self) -> [&mut StatArray; 9] {
+        [
+            &mut self.allocation,
+            &mut self.segment,
+            &mut self.active,
+            &mut self.inactive_split,
+            &mut self.allocated_bytes,
+            &mut self.reserved_bytes,
+            &mut self.active_bytes,
+            &mut self.inactive_split_bytes,
+            &mut self.requested_bytes,
+        ]
+    }
+
+    /// Sets every peak to its current value.
+    pub fn reset_peak(&mut self) {
+        for arr in self.arrays_mut() {
+            arr.iter_mut().for_each(Stat::reset_peak);
+        }
+        self.oversize_allocations.reset_peak();
+        self.oversize_segments.reset_peak();
+    }
+
+    /// Zeroes `allocated`/`freed` of every stat and the event counters.
+    pub fn reset_accumulated(&mut self) {
+        for arr in self.arrays_mut() {
+            for s in arr.iter_mut() {
+                s.allocated = 0;
+                s.freed = 0;
+            }
+        }
+        for s in [&mut self.oversize_allocations, &mut self.oversize_segments] {
+            s.allocated = 0;
+            s.freed = 0;
+        }
+        self.num_alloc_retries = 0;
+        self.num_ooms = 0;
+        self.num_sync_all_streams = 0;
+        self.num_device_alloc = 0;
+        self.num_device_free = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_tracks_peak_and_totals() {
+        let mut s = Stat::default();
+        s.increase(10);
+        s.increase(5);
+        s.decrease(12);
+        assert_eq!((s.current, s.peak, s.allocated, s.freed), (3, 15, 15, 12));
+        s.reset_peak();
+        assert_eq!(s.peak, 3);
+    }
+
+    #[test]
+    fn arrays_update_aggregate_and_pool() {
+        let mut a = StatArray::default();
+        increase(&mut a, StatType::SmallPool, 4);
+        increase(&mut a, StatType::LargePool, 6);
+        decrease(&mut a, StatType::SmallPool, 4);
+        assert_eq!(a[0].current, 6);
+        assert_eq!(a[1].current, 0);
+        assert_eq!(a[2].current, 6);
+        assert_eq!(a[0].peak, 10);
+    }
+}
