@@ -1,0 +1,272 @@
+//! Pools, splitting, coalescing, stats and settings on one stream.
+
+use npualloc::allocator::BlockState;
+use npualloc::device::sim::SimMode;
+use npualloc::{Device, Error, StreamHandle};
+
+use crate::common::*;
+
+const S0: StreamHandle = StreamHandle::DEFAULT;
+
+#[test]
+fn freed_block_is_reused_at_once_on_its_stream() {
+    let (sim, a) = manual(1 << 30);
+    let p = a.malloc(1000, S0).unwrap();
+    a.free(p).unwrap();
+    let q = a.malloc(1000, S0).unwrap();
+    assert_eq!(p, q);
+    assert_eq!(a.stats().num_device_alloc, 1);
+    assert_eq!(sim.counters(0).mallocs, 1);
+    a.free(q).unwrap();
+    check(&a);
+    assert_drained(&sim, &a);
+}
+
+#[test]
+fn small_requests_share_a_2mib_segment_and_coalesce() {
+    let (sim, a) = manual(1 << 30);
+    let ps: Vec<_> = (0..3).map(|_| a.malloc(4096, S0).unwrap()).collect();
+    assert_eq!(ps[1], ps[0] + 4096);
+    assert_eq!(ps[2], ps[1] + 4096);
+    assert_eq!(a.stats().segment[0].current, 1);
+    assert_eq!(a.stats().reserved_bytes[1].current, 2 * MIB as i64);
+    a.free(ps[1]).unwrap();
+    check(&a);
+    // The middle hole and the tail are inactive splits.
+    assert_eq!(a.stats().inactive_split[0].current, 2);
+    a.free(ps[0]).unwrap();
+    a.free(ps[2]).unwrap();
+    check(&a);
+    let segs = a.segments();
+    assert_eq!(segs.len(), 1);
+    assert_eq!(
+        segs[0].blocks.len(),
+        1,
+        "blocks were not coalesced: {segs:?}"
+    );
+    assert_eq!(segs[0].blocks[0].state, BlockState::Inactive);
+    assert_eq!(a.stats().inactive_split[0].current, 0);
+    assert_drained(&sim, &a);
+}
+
+#[test]
+fn segment_sizes_follow_pytorch() {
+    let (sim, a) = manual(1 << 30);
+    // 11 MiB + 1 rounds to 11 MiB + 512 in a 12 MiB segment; the 1 MiB - 512 tail is
+    // too small to split off, so the block takes the whole segment.
+    let big = a.malloc(11 * MIB + 1, S0).unwrap();
+    let mid = a.malloc(3 * MIB, S0).unwrap();
+    assert_eq!(a.base_allocation(mid).unwrap().1, 20 * MIB);
+    assert_eq!(a.base_allocation(big).unwrap().1, 12 * MIB);
+    let s = a.stats();
+    assert_eq!(s.reserved_bytes[2].current, 32 * MIB as i64);
+    assert_eq!(s.requested_bytes[0].current, (14 * MIB + 1) as i64);
+    assert_eq!(s.allocated_bytes[0].current, (3 * MIB + 12 * MIB) as i64);
+    a.free(mid).unwrap();
+    a.free(big).unwrap();
+    assert_drained(&sim, &a);
+}
+
+#[test]
+fn blocks_are_not_shared_between_streams() {
+    let (sim, a) = manual(1 << 30);
+    let s1 = sim.create_stream(0).unwrap();
+    let p = a.malloc(4096, S0).unwrap();
+    a.free(p).unwrap();
+    let q = a.malloc(4096, s1).unwrap();
+    assert_ne!(
+        a.base_allocation(q).unwrap().0,
+        p,
+        "stream 1 got stream 0's segment"
+    );
+    assert_eq!(a.stats().segment[0].current, 2);
+    a.free(q).unwrap();
+    assert_drained(&sim, &a);
+}
+
+#[test]
+fn large_block_is_split_only_with_more_than_1mib_left() {
+    let (sim, a) = manual(1 << 30);
+    // A 3 MiB request takes a 20 MiB segment, leaving a 17 MiB inactive split.
+    let p = a.malloc(3 * MIB, S0).unwrap();
+    assert_eq!(a.stats().inactive_split_bytes[2].current, 17 * MIB as i64);
+    a.free(p).unwrap();
+    // 19.5 MiB would leave 0.5 MiB: the whole 20 MiB block is handed out.
+    let q = a.malloc(19 * MIB + MIB / 2, S0).unwrap();
+    let seg = &a.segments()[0];
+    assert_eq!(seg.blocks.len(), 1);
+    assert_eq!(seg.blocks[0].size, 20 * MIB);
+    a.free(q).unwrap();
+    assert_drained(&sim, &a);
+}
+
+#[test]
+fn max_split_size_keeps_oversize_blocks_whole() {
+    let (sim, a) = with(1 << 30, SimMode::Manual, false, "max_split_size_mb:64");
+    let big = a.malloc(100 * MIB, S0).unwrap();
+    a.free(big).unwrap();
+    // A small large-pool request must not carve up the 100 MiB oversize block.
+    let p = a.malloc(30 * MIB, S0).unwrap();
+    assert_ne!(a.base_allocation(p).unwrap().0, big);
+    // An oversize request within 20 MiB of it may reuse it whole.
+    let q = a.malloc(90 * MIB, S0).unwrap();
+    assert_eq!(q, big);
+    assert_eq!(
+        a.segments()
+            .iter()
+            .find(|s| s.address == big)
+            .unwrap()
+            .blocks
+            .len(),
+        1
+    );
+    let s = a.stats();
+    assert_eq!(s.max_split_size, 64 * MIB as i64);
+    assert_eq!(s.oversize_allocations.current, 1);
+    assert_eq!(s.oversize_segments.current, 1);
+    a.free(p).unwrap();
+    a.free(q).unwrap();
+    check(&a);
+    assert_drained(&sim, &a);
+}
+
+#[test]
+fn memory_fraction_caps_reserved_bytes() {
+    let (sim, a) = manual(100 * MIB);
+    a.set_memory_fraction(0.5).unwrap();
+    let p = a.malloc(40 * MIB, S0).unwrap();
+    let err = a.malloc(20 * MIB, S0).unwrap_err();
+    assert!(matches!(err, Error::OutOfMemory { .. }), "{err}");
+    assert!(err.to_string().contains("allowed"), "{err}");
+    assert_eq!(
+        sim.counters(0).mallocs,
+        1,
+        "the fraction must stop the device call"
+    );
+    a.set_memory_fraction(1.0).unwrap();
+    let q = a.malloc(20 * MIB, S0).unwrap();
+    a.free(p).unwrap();
+    a.free(q).unwrap();
+    assert_drained(&sim, &a);
+}
+
+#[test]
+fn oom_releases_cache_and_retries_before_failing() {
+    let (sim, a) = manual(64 * MIB);
+    let p = a.malloc(40 * MIB, S0).unwrap();
+    a.free(p).unwrap();
+    // 50 MiB only fits once the cached 40 MiB segment goes back.
+    let q = a.malloc(50 * MIB, S0).unwrap();
+    let s = a.stats();
+    assert_eq!(s.num_alloc_retries, 1);
+    assert_eq!(s.num_ooms, 0);
+    assert_eq!(s.num_device_free, 1);
+    // Now nothing can be released: a clear OOM.
+    let err = a.malloc(30 * MIB, S0).unwrap_err();
+    let msg = err.to_string();
+    for needle in [
+        "out of memory",
+        "Tried to allocate 30.00 MiB",
+        "total capacity of 64.00 MiB",
+        "50.00 MiB is allocated",
+    ] {
+        assert!(msg.contains(needle), "missing {needle:?} in {msg}");
+    }
+    assert_eq!(a.stats().num_ooms, 1);
+    check(&a);
+    a.free(q).unwrap();
+    assert_drained(&sim, &a);
+}
+
+#[test]
+fn stats_follow_pytorch_timing_and_reset_peaks() {
+    let (sim, a) = manual(1 << 30);
+    let s1 = sim.create_stream(0).unwrap();
+    let p = a.malloc(1000, S0).unwrap();
+    a.record_stream(p, s1).unwrap();
+    sim.launch(0, s1, |_| {}).unwrap();
+    a.free(p).unwrap();
+    let s = a.stats();
+    // Allocated drops at the free; active and requested only once the event completes.
+    assert_eq!(s.allocated_bytes[0].current, 0);
+    assert_eq!(s.allocation[0].current, 0);
+    assert_eq!(s.active[0].current, 1);
+    assert_eq!(s.requested_bytes[0].current, 1000);
+    assert_eq!(s.active_bytes[1].current, 1024);
+    sim.complete_stream(0, s1).unwrap();
+    let q = a.malloc(512, S0).unwrap();
+    let s = a.stats();
+    assert_eq!(s.requested_bytes[0].current, 512);
+    assert_eq!(s.requested_bytes[0].peak, 1000);
+    a.reset_peak_stats();
+    assert_eq!(a.stats().requested_bytes[0].peak, 512);
+    a.free(q).unwrap();
+    a.reset_accumulated_stats();
+    assert_eq!(a.stats().allocation[0].allocated, 0);
+    assert_eq!(a.stats().num_device_alloc, 0);
+    assert_drained(&sim, &a);
+}
+
+#[test]
+fn empty_cache_returns_every_cached_segment() {
+    let (sim, a) = manual(1 << 30);
+    let ps: Vec<_> = [100, 2 * MIB, 30 * MIB, 700]
+        .iter()
+        .map(|&n| a.malloc(n, S0).unwrap())
+        .collect();
+    let keep = a.malloc(4096, S0).unwrap();
+    for p in ps {
+        a.free(p).unwrap();
+    }
+    a.empty_cache().unwrap();
+    check(&a);
+    // Only the small segment holding `keep` stays.
+    assert_eq!(a.stats().segment[0].current, 1);
+    assert_eq!(sim.counters(0).live_bytes, 2 * MIB);
+    a.free(keep).unwrap();
+    assert_drained(&sim, &a);
+}
+
+#[test]
+fn base_allocation_names_the_segment() {
+    let (sim, a) = manual(1 << 30);
+    let p = a.malloc(4096, S0).unwrap();
+    let q = a.malloc(4096, S0).unwrap();
+    assert_eq!(a.base_allocation(q).unwrap(), (p, 2 * MIB));
+    assert!(p % 512 == 0 && q % 512 == 0);
+    a.free(p).unwrap();
+    a.free(q).unwrap();
+    assert!(matches!(
+        a.base_allocation(q),
+        Err(Error::UnknownPointer { .. })
+    ));
+    assert_drained(&sim, &a);
+}
+
+#[test]
+fn garbage_collection_frees_old_cached_blocks_under_a_fraction() {
+    let (sim, a) = with(
+        100 * MIB,
+        SimMode::Manual,
+        false,
+        "garbage_collection_threshold:0.5",
+    );
+    a.set_memory_fraction(1.0).unwrap();
+    let big = a.malloc(40 * MIB, S0).unwrap();
+    a.free(big).unwrap();
+    // 60 MiB does not fit in the cached 40 MiB block; GC (reserved 40 > 50? no) then alloc.
+    let other = a.malloc(30 * MIB, sim.create_stream(0).unwrap()).unwrap();
+    // Reserved is 70 MiB > 50 MiB threshold: the next slow path collects the idle 40 MiB block.
+    let third = a.malloc(12 * MIB, sim.create_stream(0).unwrap()).unwrap();
+    assert_eq!(
+        a.stats().num_device_free,
+        1,
+        "GC did not release the idle block"
+    );
+    assert_eq!(a.stats().num_alloc_retries, 0);
+    check(&a);
+    a.free(other).unwrap();
+    a.free(third).unwrap();
+    assert_drained(&sim, &a);
+    assert!(sim.device_count() == 1);
+}

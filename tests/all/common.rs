@@ -1,0 +1,55 @@
+//! Helpers shared by the integration tests.
+
+use std::sync::Arc;
+
+use npualloc::device::sim::{SimConfig, SimDevice, SimMode};
+use npualloc::{CachingAllocator, Config};
+
+pub const MIB: usize = 1 << 20;
+
+/// A manual-mode, unbacked simulated device of `capacity` bytes and its allocator.
+pub fn manual(capacity: usize) -> (Arc<SimDevice>, CachingAllocator) {
+    with(capacity, SimMode::Manual, false, "")
+}
+
+/// A simulated device with the given mode, backing and allocator settings.
+pub fn with(
+    capacity: usize,
+    mode: SimMode,
+    backed: bool,
+    conf: &str,
+) -> (Arc<SimDevice>, CachingAllocator) {
+    let sim = SimDevice::new(SimConfig {
+        devices: 1,
+        capacity,
+        backed,
+        mode,
+    });
+    let alloc = CachingAllocator::new(sim.clone(), 0, Config::parse(conf).unwrap()).unwrap();
+    (sim, alloc)
+}
+
+/// Asserts the allocator's invariants, with the failing one in the message.
+#[track_caller]
+pub fn check(alloc: &CachingAllocator) {
+    if let Err(e) = alloc.check_invariants() {
+        panic!("invariant broken: {e}");
+    }
+}
+
+/// Frees nothing, empties the cache and asserts that the device holds no memory or events.
+#[track_caller]
+pub fn assert_drained(sim: &SimDevice, alloc: &CachingAllocator) {
+    alloc.empty_cache().unwrap();
+    check(alloc);
+    let c = sim.counters(0);
+    assert_eq!(c.live_bytes, 0, "device bytes still live: {c:?}");
+    assert_eq!(c.live_allocations, 0);
+    assert_eq!(c.events_created, c.events_destroyed, "leaked events: {c:?}");
+    assert_eq!(c.mallocs, c.frees);
+    assert_eq!(c.violations, 0, "device misuse: {c:?}");
+    let s = alloc.stats();
+    assert_eq!(s.reserved_bytes[0].current, 0);
+    assert_eq!(s.allocated_bytes[0].current, 0);
+    assert_eq!(s.active[0].current, 0);
+}

@@ -1,0 +1,197 @@
+//! Property tests: random operation sequences on several streams, invariants after
+//! every step, and no reuse of a block before the streams that used it completed.
+
+use proptest::prelude::*;
+
+use npualloc::{Error, StreamHandle};
+
+use crate::common::*;
+
+#[derive(Clone, Debug)]
+enum Op {
+    Malloc { size: usize, stream: usize },
+    Free { pick: usize },
+    Record { pick: usize, stream: usize },
+    Launch { stream: usize },
+    Complete { stream: usize },
+    Step { stream: usize },
+    EmptyCache,
+}
+
+fn size() -> impl Strategy<Value = usize> {
+    prop_oneof![
+        4 => 1usize..=4096,
+        3 => 4097usize..=(1usize << 20),
+        2 => ((1usize << 20) + 1)..=(10usize << 20),
+        1 => (10usize << 20)..=(48usize << 20),
+    ]
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (size(), 0..3usize).prop_map(|(size, stream)| Op::Malloc { size, stream }),
+        5 => any::<usize>().prop_map(|pick| Op::Free { pick }),
+        3 => (any::<usize>(), 0..3usize).prop_map(|(pick, stream)| Op::Record { pick, stream }),
+        2 => (0..3usize).prop_map(|stream| Op::Launch { stream }),
+        2 => (0..3usize).prop_map(|stream| Op::Complete { stream }),
+        1 => (0..3usize).prop_map(|stream| Op::Step { stream }),
+        1 => Just(Op::EmptyCache),
+    ]
+}
+
+struct Live {
+    ptr: usize,
+    size: usize,
+    stream: usize,
+    uses: Vec<usize>,
+}
+
+/// A freed range that must not be handed out before `stream` ran past `op_index`.
+struct Guard {
+    start: usize,
+    end: usize,
+    stream: usize,
+    op_index: u64,
+}
+
+/// Runs `ops`; returns how many device allocations they needed.
+fn run(ops: Vec<Op>) -> Result<u64, TestCaseError> {
+    // 160 MiB: large requests hit the OOM and retry paths now and then.
+    let (sim, a) = manual(160 * MIB);
+    let streams: Vec<StreamHandle> = std::iter::once(StreamHandle::DEFAULT)
+        .chain((0..2).map(|_| sim.create_stream(0).unwrap()))
+        .collect();
+    let mut queued = [0u64; 3]; // ops queued per stream
+    let mut live: Vec<Live> = Vec::new();
+    let mut guards: Vec<Guard> = Vec::new();
+    let mut ran_upto = [0u64; 3]; // ops known to have run per stream
+
+    for op in ops {
+        let syncs_before = sim.counters(0).synchronizations;
+        match op {
+            Op::Malloc { size, stream } => match a.malloc(size, streams[stream]) {
+                Ok(ptr) => {
+                    let end = ptr + size;
+                    for l in &live {
+                        prop_assert!(
+                            end <= l.ptr || ptr >= l.ptr + l.size,
+                            "overlapping allocations"
+                        );
+                    }
+                    // Fold in synchronisations the malloc did (OOM retry) before judging.
+                    if sim.counters(0).synchronizations != syncs_before {
+                        ran_upto = queued;
+                    }
+                    for g in &guards {
+                        let overlaps = ptr < g.end && end > g.start;
+                        prop_assert!(
+                            !overlaps || ran_upto[g.stream] >= g.op_index,
+                            "block reused before stream {} finished its work",
+                            g.stream
+                        );
+                    }
+                    live.push(Live {
+                        ptr,
+                        size,
+                        stream,
+                        uses: vec![],
+                    });
+                }
+                Err(Error::OutOfMemory { .. }) => {}
+                Err(e) => return Err(TestCaseError::fail(format!("malloc failed: {e}"))),
+            },
+            Op::Free { pick } if !live.is_empty() => {
+                let l = live.swap_remove(pick % live.len());
+                for &s in &l.uses {
+                    guards.push(Guard {
+                        start: l.ptr,
+                        end: l.ptr + l.size,
+                        stream: s,
+                        op_index: queued[s] + 1,
+                    });
+                }
+                a.free(l.ptr)
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                // The free queued one event record on each used stream.
+                for &s in &l.uses {
+                    queued[s] += 1;
+                }
+            }
+            Op::Record { pick, stream } if !live.is_empty() => {
+                let i = pick % live.len();
+                a.record_stream(live[i].ptr, streams[stream]).unwrap();
+                if stream != live[i].stream && !live[i].uses.contains(&stream) {
+                    live[i].uses.push(stream);
+                }
+            }
+            Op::Launch { stream } => {
+                sim.launch(0, streams[stream], |_| {}).unwrap();
+                queued[stream] += 1;
+            }
+            Op::Complete { stream } => {
+                sim.complete_stream(0, streams[stream]).unwrap();
+                ran_upto[stream] = queued[stream];
+            }
+            Op::Step { stream } => {
+                let n = sim.step(0, streams[stream], 1).unwrap() as u64;
+                ran_upto[stream] += n;
+            }
+            Op::EmptyCache => {
+                a.empty_cache().unwrap();
+                ran_upto = queued;
+            }
+            _ => {}
+        }
+        if sim.counters(0).synchronizations != syncs_before {
+            ran_upto = queued;
+        }
+        guards.retain(|g| ran_upto[g.stream] < g.op_index);
+        a.check_invariants().map_err(TestCaseError::fail)?;
+    }
+
+    for l in live.drain(..) {
+        a.free(l.ptr).unwrap();
+    }
+    for s in &streams {
+        sim.complete_stream(0, *s).unwrap();
+    }
+    a.empty_cache().unwrap();
+    a.check_invariants().map_err(TestCaseError::fail)?;
+    let c = sim.counters(0);
+    prop_assert_eq!(c.live_bytes, 0);
+    prop_assert_eq!(c.events_created, c.events_destroyed);
+    prop_assert_eq!(c.violations, 0);
+    Ok(c.mallocs)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_sequences_keep_invariants(ops in proptest::collection::vec(op(), 1..120)) {
+        run(ops)?;
+    }
+}
+
+/// A 10,000-operation random workload: the cache serves nearly every request.
+#[test]
+fn ten_thousand_op_workload_reuses_segments() {
+    use proptest::strategy::ValueTree;
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    let ops: Vec<Op> = (0..10_000)
+        .map(|_| op().new_tree(&mut runner).unwrap().current())
+        .collect();
+    let mallocs = ops
+        .iter()
+        .filter(|o| matches!(o, Op::Malloc { .. }))
+        .count();
+    let device_mallocs = run(ops).unwrap();
+    eprintln!(
+        "10,000-op workload: {mallocs} mallocs served with {device_mallocs} device allocations"
+    );
+    assert!(mallocs > 2000);
+    assert!(
+        device_mallocs * 5 < mallocs as u64,
+        "{device_mallocs} device mallocs for {mallocs} requests"
+    );
+}

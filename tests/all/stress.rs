@@ -1,0 +1,83 @@
+//! Many threads on several streams at once (threaded simulated device).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use npualloc::device::sim::SimMode;
+use npualloc::{Device, StreamHandle};
+
+use crate::common::*;
+
+#[test]
+fn threads_on_several_streams_never_overlap_and_balance() {
+    let (sim, a) = with(4 << 30, SimMode::Threaded, false, "");
+    let a = Arc::new(a);
+    let streams: Vec<StreamHandle> = std::iter::once(StreamHandle::DEFAULT)
+        .chain((0..3).map(|_| sim.create_stream(0).unwrap()))
+        .collect();
+    let live_ranges: Arc<Mutex<BTreeMap<usize, usize>>> = Arc::default();
+
+    let handles: Vec<_> = (0..4)
+        .map(|t| {
+            let (a, sim, streams, ranges) =
+                (a.clone(), sim.clone(), streams.clone(), live_ranges.clone());
+            std::thread::spawn(move || {
+                let mut seed = 0x9E37_79B9_7F4A_7C15u64 ^ (t as u64 + 1);
+                let mut next = move || {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    seed
+                };
+                let mine = streams[t];
+                let mut live: Vec<(usize, usize)> = Vec::new();
+                for _ in 0..3000 {
+                    let r = next();
+                    if live.len() < 16 && r % 3 != 0 {
+                        let size = match r % 10 {
+                            0 => (r >> 8) as usize % (24 << 20) + 1,
+                            1..=3 => (r >> 8) as usize % (4 << 20) + 1,
+                            _ => (r >> 8) as usize % 65536 + 1,
+                        };
+                        let p = a.malloc(size, mine).unwrap();
+                        let mut map = ranges.lock();
+                        if let Some((&s, &e)) = map.range(..p + size).next_back() {
+                            assert!(
+                                e <= p || s >= p + size,
+                                "overlap: [{s:#x},{e:#x}) and [{p:#x},+{size})"
+                            );
+                        }
+                        map.insert(p, p + size);
+                        drop(map);
+                        if r % 5 == 0 {
+                            let other = streams[(r >> 20) as usize % streams.len()];
+                            a.record_stream(p, other).unwrap();
+                            sim.launch(0, other, |_| {}).unwrap();
+                        }
+                        live.push((p, size));
+                    } else if !live.is_empty() {
+                        let (p, _) = live.swap_remove((r >> 4) as usize % live.len());
+                        // Out of the shared map before the free: afterwards another thread may get it.
+                        ranges.lock().remove(&p);
+                        a.free(p).unwrap();
+                    }
+                }
+                for (p, _) in live {
+                    ranges.lock().remove(&p);
+                    a.free(p).unwrap();
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    check(&a);
+    let s = a.stats();
+    assert_eq!(s.allocation[0].current, 0);
+    assert_eq!(s.allocation[0].allocated, s.allocation[0].freed);
+    sim.synchronize_device(0).unwrap();
+    assert_drained(&sim, &a);
+}
