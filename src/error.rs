@@ -51,6 +51,13 @@ pub enum Error {
     /// A value out of range (memory fraction, ...).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// A tag that was never bound (streams) or created (events).
+    #[error("unknown tag '{0}'")]
+    UnknownTag(String),
+    /// The call is not allowed now (tag already bound, event created twice, settings
+    /// changed after the first allocation, ...).
+    #[error("invalid state: {0}")]
+    InvalidState(String),
     /// The device runtime failed.
     #[error("device runtime error: {0}")]
     Device(DeviceError),

@@ -12,6 +12,7 @@ pub mod config;
 pub mod device;
 pub mod error;
 pub mod pool;
+pub mod snapshot;
 pub mod stats;
 pub mod stream;
 

@@ -105,6 +105,11 @@ impl CachingAllocator {
         self.state.lock().erase_stream(id, ptr, stream)
     }
 
+    /// Whether `ptr` is a live allocation of this allocator.
+    pub fn owns(&self, ptr: DevicePtr) -> bool {
+        self.ptrs.contains_key(&ptr)
+    }
+
     /// Start and size of the segment holding `ptr` (which must be a live allocation).
     pub fn base_allocation(&self, ptr: DevicePtr) -> Result<(DevicePtr, usize), Error> {
         let id = *self.ptrs.get(&ptr).ok_or(Error::UnknownPointer { ptr })?;

@@ -136,6 +136,10 @@ pub trait Device: Send + Sync {
         let _ = (device, stream);
         Ok(())
     }
+    /// The calling thread's current device (the runtime's notion; 0 if it has none).
+    fn current_device(&self) -> Result<DeviceIndex, DeviceError> {
+        Ok(0)
+    }
     /// Creates an event usable for [`Device::event_record`].
     fn event_create(&self, device: DeviceIndex) -> Result<EventHandle, DeviceError>;
     /// Destroys an event.

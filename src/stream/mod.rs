@@ -3,6 +3,8 @@
 
 pub mod events;
 pub mod pending;
+pub mod tagged;
 
 pub use events::EventPool;
 pub use pending::PendingFrees;
+pub use tagged::TagRegistry;
