@@ -1,0 +1,273 @@
+//! The allocator entry points (DESIGN.md section 3).
+
+use std::ffi::{c_char, c_int, c_void, CStr};
+
+use npualloc_core::{Config, Error, StreamHandle};
+
+use crate::error::*;
+use crate::hooks::{self, npualloc_runtime_hooks};
+use crate::panic::{code, or_default};
+use crate::runtime::{configure, runtime, set_hooks};
+use crate::types::{npualloc_device_stats, npualloc_stream};
+
+fn to_stream(s: npualloc_stream) -> StreamHandle {
+    StreamHandle(s as usize)
+}
+
+/// Reads a C string argument: non-NULL, UTF-8.
+pub(crate) fn c_str<'a>(name: &str, s: *const c_char) -> Result<&'a str, Failure> {
+    if s.is_null() {
+        return Err(Failure::new(
+            NPUALLOC_ERR_INVALID_ARGUMENT,
+            format!("{name} is NULL"),
+        ));
+    }
+    // SAFETY: the caller passes a NUL-terminated string that outlives the call (the
+    // documented contract of every string argument); NULL was excluded above.
+    let c = unsafe { CStr::from_ptr(s) };
+    c.to_str().map_err(|_| {
+        Failure::new(
+            NPUALLOC_ERR_INVALID_ARGUMENT,
+            format!("{name} is not valid UTF-8"),
+        )
+    })
+}
+
+/// Allocates `size` bytes on `device` for use on `stream` (NULL: the default stream).
+///
+/// Returns a pointer at least 512-byte aligned, owned by the caller until passed to
+/// `npualloc_free`. Returns NULL on failure (the out-of-memory or other message is in
+/// `npualloc_last_error()`); `size` 0 returns NULL and is not a failure.
+#[no_mangle]
+pub extern "C" fn npualloc_malloc(
+    size: usize,
+    device: c_int,
+    stream: npualloc_stream,
+) -> *mut c_void {
+    or_default("npualloc_malloc", std::ptr::null_mut(), || {
+        if size == 0 {
+            return Ok(std::ptr::null_mut());
+        }
+        let ptr = runtime()?
+            .allocator(device)?
+            .malloc(size, to_stream(stream))?;
+        Ok(ptr as *mut c_void)
+    })
+}
+
+/// Frees `ptr`, returned by `npualloc_malloc`. `size`, `device` and `stream` are advisory
+/// (the allocator knows them). If `ptr` was recorded on other streams, its memory is
+/// reused only after work queued on them at this moment has run. NULL is ignored; an
+/// unknown or already freed pointer records an error and changes nothing.
+#[no_mangle]
+pub extern "C" fn npualloc_free(
+    ptr: *mut c_void,
+    size: usize,
+    device: c_int,
+    stream: npualloc_stream,
+) {
+    let _ = (size, stream);
+    or_default("npualloc_free", (), || {
+        if ptr.is_null() {
+            return Ok(());
+        }
+        let rt = runtime()?;
+        let owner = rt
+            .owner_of(ptr as usize, Some(device))
+            .ok_or(Error::UnknownPointer { ptr: ptr as usize })?;
+        Ok(owner.free(ptr as usize)?)
+    })
+}
+
+/// Prepares the allocator of `device` (torch_npu passes the current device index).
+/// Idempotent; an invalid device records an error.
+#[no_mangle]
+pub extern "C" fn npualloc_init(device: c_int) {
+    or_default("npualloc_init", (), || {
+        runtime()?.check_device(device)?;
+        Ok(())
+    })
+}
+
+fn empty_all() -> Result<(), Failure> {
+    let rt = runtime()?;
+    let mut first = Ok(());
+    for a in rt.existing() {
+        if let Err(e) = a.empty_cache() {
+            first = first.and(Err(e.into()));
+        }
+    }
+    first
+}
+
+/// Releases every cached, unused segment on all devices, after waiting for pending
+/// frees (torch_npu's `reset_fn`). `check_error` is accepted for signature
+/// compatibility; failures are always recorded in the last error.
+#[no_mangle]
+pub extern "C" fn npualloc_empty_cache(check_error: bool) {
+    let _ = check_error;
+    or_default("npualloc_empty_cache", (), empty_all)
+}
+
+/// Same as `npualloc_empty_cache`, in the shape of torch.cuda's `reset_fn`.
+#[no_mangle]
+pub extern "C" fn npualloc_empty_cache_all() {
+    or_default("npualloc_empty_cache_all", (), empty_all)
+}
+
+/// Caps the memory `device` may reserve at `fraction` (0 to 1) of its total memory.
+/// A bad fraction or device records an error.
+#[no_mangle]
+pub extern "C" fn npualloc_set_memory_fraction(fraction: f64, device: c_int) {
+    or_default("npualloc_set_memory_fraction", (), || {
+        Ok(runtime()?
+            .allocator(device)?
+            .set_memory_fraction(fraction)?)
+    })
+}
+
+/// Returns the start of the device allocation (segment) holding the live allocation
+/// `ptr`, and stores its size in `*size` (if `size` is not NULL). Returns NULL and
+/// records an error for an unknown pointer.
+#[no_mangle]
+pub extern "C" fn npualloc_base_alloc(ptr: *mut c_void, size: *mut usize) -> *mut c_void {
+    or_default("npualloc_base_alloc", std::ptr::null_mut(), || {
+        let rt = runtime()?;
+        let p = ptr as usize;
+        let owner = rt
+            .owner_of(p, None)
+            .ok_or(Error::UnknownPointer { ptr: p })?;
+        let (base, len) = owner.base_allocation(p)?;
+        if !size.is_null() {
+            // SAFETY: the caller passes a writable size_t (or NULL, excluded above).
+            unsafe { *size = len };
+        }
+        Ok(base as *mut c_void)
+    })
+}
+
+/// Marks the live allocation `ptr` as used on `stream`; a no-op for its own stream.
+/// An unknown pointer or stream records an error.
+#[no_mangle]
+pub extern "C" fn npualloc_record_stream(ptr: *mut c_void, stream: npualloc_stream) {
+    or_default("npualloc_record_stream", (), || {
+        record(ptr, to_stream(stream))
+    })
+}
+
+pub(crate) fn record(ptr: *mut c_void, s: StreamHandle) -> Result<(), Failure> {
+    let rt = runtime()?;
+    let p = ptr as usize;
+    let owner = rt
+        .owner_of(p, None)
+        .ok_or(Error::UnknownPointer { ptr: p })?;
+    Ok(owner.record_stream(p, s)?)
+}
+
+/// Forgets a use of `ptr` on `stream` recorded earlier (torch_npu's `erase_stream`).
+#[no_mangle]
+pub extern "C" fn npualloc_erase_stream(ptr: *mut c_void, stream: npualloc_stream) {
+    or_default("npualloc_erase_stream", (), || {
+        let rt = runtime()?;
+        let p = ptr as usize;
+        let owner = rt
+            .owner_of(p, None)
+            .ok_or(Error::UnknownPointer { ptr: p })?;
+        Ok(owner.erase_stream(p, to_stream(stream))?)
+    })
+}
+
+/// Sets every peak statistic of `device` to its current value.
+#[no_mangle]
+pub extern "C" fn npualloc_reset_peak_stats(device: c_int) {
+    or_default("npualloc_reset_peak_stats", (), || {
+        runtime()?.allocator(device)?.reset_peak_stats();
+        Ok(())
+    })
+}
+
+/// Writes the statistics of `device` into `*out` (caller-owned). Returns 0, or an
+/// error code with `*out` unchanged.
+#[no_mangle]
+pub extern "C" fn npualloc_get_device_stats(
+    device: c_int,
+    out: *mut npualloc_device_stats,
+) -> c_int {
+    code("npualloc_get_device_stats", || {
+        if out.is_null() {
+            return Err(Failure::new(NPUALLOC_ERR_INVALID_ARGUMENT, "out is NULL"));
+        }
+        let stats = npualloc_device_stats::from(runtime()?.allocator(device)?.stats());
+        // SAFETY: `out` is a non-NULL pointer to caller-owned, writable stats.
+        unsafe { out.write(stats) };
+        Ok(())
+    })
+}
+
+/// Applies settings (`NPUALLOC_CONF` syntax, e.g. "max_split_size_mb:128"); only before
+/// the first allocation. A malformed string gives NPUALLOC_ERR_INVALID_ARGUMENT naming
+/// the key; a call after the first allocation NPUALLOC_ERR_INVALID_STATE.
+#[no_mangle]
+pub extern "C" fn npualloc_configure(conf: *const c_char) -> c_int {
+    code("npualloc_configure", || {
+        let s = c_str("conf", conf)?;
+        configure(Config::parse(s)?)
+    })
+}
+
+/// Releases every cached, unused segment of `device` after waiting for pending frees.
+#[no_mangle]
+pub extern "C" fn npualloc_empty_cache_device(device: c_int) -> c_int {
+    code("npualloc_empty_cache_device", || {
+        Ok(runtime()?.allocator(device)?.empty_cache()?)
+    })
+}
+
+/// Writes a memory snapshot of every device (JSON in the shape of PyTorch's
+/// `torch.cuda.memory._snapshot()`) to the file `path`.
+#[no_mangle]
+pub extern "C" fn npualloc_dump_snapshot(path: *const c_char) -> c_int {
+    code("npualloc_dump_snapshot", || {
+        let path = c_str("path", path)?;
+        let rt = runtime()?;
+        let allocators: Vec<_> = rt.existing().collect();
+        let json = npualloc_core::snapshot::snapshot(&allocators);
+        std::fs::write(path, json.to_string())
+            .map_err(|e| Failure::new(NPUALLOC_ERR_IO, format!("cannot write '{path}': {e}")))
+    })
+}
+
+/// Installs runtime hooks (copied; `hooks` may be freed after the call); NULL removes
+/// them. Only before the first allocation or init, else NPUALLOC_ERR_INVALID_STATE.
+#[no_mangle]
+pub extern "C" fn npualloc_set_runtime_hooks(hooks: *const npualloc_runtime_hooks) -> c_int {
+    code("npualloc_set_runtime_hooks", || {
+        // SAFETY: the caller passes NULL or a valid hooks struct for the call's duration.
+        let h = unsafe { hooks.as_ref() }.copied();
+        if let Some(h) = &h {
+            hooks::validate(h)?;
+        }
+        set_hooks(h)
+    })
+}
+
+/// Checks the internal invariants of `device`'s allocator (a test aid; cheap enough to
+/// call after every operation). Returns 0, or NPUALLOC_ERR_INVALID_STATE with the broken
+/// invariant in the last error.
+#[no_mangle]
+pub extern "C" fn npualloc_check_invariants(device: c_int) -> c_int {
+    code("npualloc_check_invariants", || {
+        runtime()?
+            .allocator(device)?
+            .check_invariants()
+            .map_err(|e| Failure::new(NPUALLOC_ERR_INVALID_STATE, e))
+    })
+}
+
+/// Number of devices of the backend, or -1 with an error (backend unavailable).
+#[no_mangle]
+pub extern "C" fn npualloc_device_count() -> c_int {
+    or_default("npualloc_device_count", -1, || {
+        Ok(runtime()?.device_count() as c_int)
+    })
+}

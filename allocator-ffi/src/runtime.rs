@@ -1,0 +1,240 @@
+//! The process-wide runtime: the backend, one lazily created allocator per device, the
+//! settings and the tag registry.
+//!
+//! Created on first use from the environment (read once): `NPUALLOC_BACKEND`
+//! (`acl` | `cuda` | `sim`, default `acl`), `NPUALLOC_CONF` or else
+//! `PYTORCH_NPU_ALLOC_CONF`, and for the simulated device `NPUALLOC_SIM_CAPACITY`
+//! (bytes, `K`/`M`/`G` suffixes; default 64G), `NPUALLOC_SIM_DEVICES` (default 1) and
+//! `NPUALLOC_SIM_MODE` (`threaded` | `manual`, default `threaded`).
+
+use std::ffi::c_int;
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::Mutex;
+
+use npualloc_core::device::sim::{SimConfig, SimDevice, SimMode};
+use npualloc_core::stream::TagRegistry;
+use npualloc_core::{CachingAllocator, Config, Device, Error};
+
+use crate::error::*;
+use crate::hooks::{npualloc_runtime_hooks, HookedDevice};
+
+/// What can be set before the runtime exists.
+#[derive(Default)]
+struct PreInit {
+    config: Option<Config>,
+    hooks: Option<npualloc_runtime_hooks>,
+}
+
+// SAFETY: the hooks' context pointer is only handed back to the host's hook functions,
+// which are documented to be callable from any thread.
+unsafe impl Send for PreInit {}
+
+static PRE: Mutex<PreInit> = Mutex::new(PreInit {
+    config: None,
+    hooks: None,
+});
+static RUNTIME: OnceLock<Result<Runtime, Failure>> = OnceLock::new();
+
+/// The live runtime.
+pub(crate) struct Runtime {
+    pub backend: Arc<dyn Device>,
+    pub sim: Option<Arc<SimDevice>>,
+    config: Mutex<Config>,
+    allocators: Box<[OnceLock<CachingAllocator>]>,
+    pub tags: TagRegistry,
+}
+
+/// Parses `64G`, `512M`, `1024K` or plain bytes.
+pub(crate) fn parse_bytes(s: &str) -> Option<usize> {
+    let s = s.trim();
+    let (num, mult) = match s.chars().last()? {
+        'K' | 'k' => (&s[..s.len() - 1], 1usize << 10),
+        'M' | 'm' => (&s[..s.len() - 1], 1 << 20),
+        'G' | 'g' => (&s[..s.len() - 1], 1 << 30),
+        'T' | 't' => (&s[..s.len() - 1], 1 << 40),
+        _ => (s, 1),
+    };
+    num.trim().parse::<usize>().ok()?.checked_mul(mult)
+}
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+fn invalid(msg: String) -> Failure {
+    Failure::new(NPUALLOC_ERR_INVALID_ARGUMENT, msg)
+}
+
+fn sim_from_env() -> Result<Arc<SimDevice>, Failure> {
+    let capacity = match env("NPUALLOC_SIM_CAPACITY") {
+        Some(v) => parse_bytes(&v).filter(|&n| n > 0).ok_or_else(|| {
+            invalid(format!(
+                "NPUALLOC_SIM_CAPACITY='{v}' is not a size such as 64G or 1073741824"
+            ))
+        })?,
+        None => 64 << 30,
+    };
+    let devices = match env("NPUALLOC_SIM_DEVICES") {
+        Some(v) => v
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=64).contains(n))
+            .ok_or_else(|| {
+                invalid(format!(
+                    "NPUALLOC_SIM_DEVICES='{v}' is not a count from 1 to 64"
+                ))
+            })?,
+        None => 1,
+    };
+    let mode = match env("NPUALLOC_SIM_MODE").as_deref() {
+        None | Some("threaded") => SimMode::Threaded,
+        Some("manual") => SimMode::Manual,
+        Some(v) => {
+            return Err(invalid(format!(
+                "NPUALLOC_SIM_MODE='{v}' is not 'threaded' or 'manual'"
+            )))
+        }
+    };
+    Ok(SimDevice::new(SimConfig {
+        devices,
+        capacity,
+        backed: false,
+        mode,
+    }))
+}
+
+impl Runtime {
+    fn create() -> Result<Runtime, Failure> {
+        let pre = std::mem::take(&mut *PRE.lock());
+        let config = match pre.config {
+            Some(c) => c,
+            None => match env("NPUALLOC_CONF").or_else(|| env("PYTORCH_NPU_ALLOC_CONF")) {
+                Some(s) => Config::parse(&s).map_err(Failure::from)?,
+                None => Config::default(),
+            },
+        };
+        let backend_name = env("NPUALLOC_BACKEND").unwrap_or_else(|| "acl".into());
+        let (backend, sim): (Arc<dyn Device>, _) = match backend_name.as_str() {
+            "sim" => {
+                let sim = sim_from_env()?;
+                (sim.clone(), Some(sim))
+            }
+            "acl" | "cuda" => {
+                return Err(Failure::new(
+                    NPUALLOC_ERR_BACKEND_UNAVAILABLE,
+                    format!(
+                        "NPUALLOC_BACKEND={backend_name}: this build has no {backend_name} backend yet; use NPUALLOC_BACKEND=sim"
+                    ),
+                ))
+            }
+            other => {
+                return Err(invalid(format!(
+                    "NPUALLOC_BACKEND='{other}' is not one of acl, cuda, sim"
+                )))
+            }
+        };
+        let backend: Arc<dyn Device> = match pre.hooks {
+            Some(h) => Arc::new(HookedDevice::new(backend, h)),
+            None => backend,
+        };
+        let count = backend.device_count();
+        Ok(Runtime {
+            backend,
+            sim,
+            config: Mutex::new(config),
+            allocators: (0..count).map(|_| OnceLock::new()).collect(),
+            tags: TagRegistry::default(),
+        })
+    }
+
+    /// The device count.
+    pub fn device_count(&self) -> usize {
+        self.allocators.len()
+    }
+
+    /// Checks a C device index.
+    pub fn check_device(&self, device: c_int) -> Result<usize, Failure> {
+        if device < 0 || device as usize >= self.allocators.len() {
+            return Err(Error::InvalidDevice {
+                device: device.into(),
+                count: self.allocators.len(),
+            }
+            .into());
+        }
+        Ok(device as usize)
+    }
+
+    /// The allocator of `device`, created on first use.
+    pub fn allocator(&self, device: c_int) -> Result<&CachingAllocator, Failure> {
+        let d = self.check_device(device)?;
+        Ok(self.allocators[d].get_or_init(|| {
+            let config = self.config.lock().clone();
+            CachingAllocator::new(self.backend.clone(), d as i64, config)
+                .expect("device index was checked")
+        }))
+    }
+
+    /// Allocators created so far.
+    pub fn existing(&self) -> impl Iterator<Item = &CachingAllocator> {
+        self.allocators.iter().filter_map(|a| a.get())
+    }
+
+    /// Replaces the settings; only before any allocator exists.
+    pub fn configure(&self, config: Config) -> Result<(), Failure> {
+        let mut c = self.config.lock();
+        if self.existing().next().is_some() {
+            return Err(Failure::new(
+                NPUALLOC_ERR_INVALID_STATE,
+                "settings cannot change after the first allocation",
+            ));
+        }
+        *c = config;
+        Ok(())
+    }
+
+    /// The allocator holding `ptr` as a live allocation, trying `hint` first.
+    pub fn owner_of(&self, ptr: usize, hint: Option<c_int>) -> Option<&CachingAllocator> {
+        let hinted = hint
+            .and_then(|d| self.check_device(d).ok())
+            .and_then(|d| self.allocators[d].get());
+        hinted
+            .into_iter()
+            .chain(self.existing())
+            .find(|a| a.owns(ptr))
+    }
+}
+
+/// The runtime, created on first call.
+pub(crate) fn runtime() -> Result<&'static Runtime, Failure> {
+    RUNTIME
+        .get_or_init(Runtime::create)
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+/// Whether the runtime already exists (settings and hooks are then fixed).
+pub(crate) fn started() -> bool {
+    RUNTIME.get().is_some()
+}
+
+/// Stores settings for the runtime, or applies them if no allocator exists yet.
+pub(crate) fn configure(config: Config) -> Result<(), Failure> {
+    if let Some(rt) = RUNTIME.get() {
+        return rt.as_ref().map_err(Clone::clone)?.configure(config);
+    }
+    PRE.lock().config = Some(config);
+    Ok(())
+}
+
+/// Stores runtime hooks; only before the runtime exists.
+pub(crate) fn set_hooks(hooks: Option<npualloc_runtime_hooks>) -> Result<(), Failure> {
+    if started() {
+        return Err(Failure::new(
+            NPUALLOC_ERR_INVALID_STATE,
+            "runtime hooks must be set before the first allocation or init",
+        ));
+    }
+    PRE.lock().hooks = hooks;
+    Ok(())
+}
