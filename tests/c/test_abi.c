@@ -1,0 +1,220 @@
+/* Exercises the C ABI on the simulated backend (NPUALLOC_BACKEND=sim,
+ * NPUALLOC_SIM_MODE=manual, NPUALLOC_SIM_DEVICES=2, NPUALLOC_SIM_CAPACITY=1G). */
+#include <stdint.h>
+#include <string.h>
+
+#include "npualloc.h"
+#include "check.h"
+
+static int invariants_ok(int device) { return npualloc_check_invariants(device) == NPUALLOC_OK; }
+
+static void test_malloc_free_reuse(void) {
+  npualloc_init(0);
+  void *p = npualloc_malloc(1000, 0, NULL);
+  CHECK(p != NULL);
+  CHECK(((uintptr_t)p % 512) == 0);
+  npualloc_free(p, 1000, 0, NULL);
+  void *q = npualloc_malloc(1000, 0, NULL);
+  CHECK(q == p); /* same stream: reused at once */
+  size_t seg = 0;
+  CHECK(npualloc_base_alloc(q, &seg) == q);
+  CHECK(seg == 2u << 20);
+  npualloc_free(q, 1000, 0, NULL);
+  CHECK(invariants_ok(0));
+}
+
+static void test_zero_and_bad_sizes(void) {
+  CHECK(npualloc_malloc(0, 0, NULL) == NULL);
+  CHECK(npualloc_malloc(SIZE_MAX, 0, NULL) == NULL);
+  CHECK(npualloc_last_error() != NULL);
+  CHECK(strstr(npualloc_last_error(), "npualloc_malloc") != NULL);
+  CHECK(npualloc_malloc((size_t)1 << 40, 0, NULL) == NULL); /* larger than the device */
+  CHECK(strstr(npualloc_last_error(), "out of memory") != NULL);
+  CHECK(strstr(npualloc_last_error(), "Tried to allocate 1.00 TiB") != NULL);
+  CHECK(invariants_ok(0));
+}
+
+static void test_unknown_pointers(void) {
+  int dummy;
+  npualloc_free(&dummy, 4, 0, NULL);
+  CHECK(strstr(npualloc_last_error(), "unknown pointer") != NULL);
+  void *p = npualloc_malloc(4096, 0, NULL);
+  npualloc_free(p, 4096, 0, NULL);
+  npualloc_free(p, 4096, 0, NULL); /* double free */
+  CHECK(strstr(npualloc_last_error(), "npualloc_free: unknown pointer") != NULL);
+  npualloc_record_stream(p, NULL);
+  CHECK(strstr(npualloc_last_error(), "npualloc_record_stream") != NULL);
+  CHECK(npualloc_base_alloc(p, NULL) == NULL);
+  CHECK(invariants_ok(0));
+}
+
+static void test_invalid_devices(void) {
+  CHECK(npualloc_malloc(16, -1, NULL) == NULL);
+  CHECK(strstr(npualloc_last_error(), "invalid device -1") != NULL);
+  CHECK(npualloc_malloc(16, 2, NULL) == NULL);
+  npualloc_device_stats st;
+  CHECK(npualloc_get_device_stats(7, &st) == NPUALLOC_ERR_INVALID_DEVICE);
+  CHECK(npualloc_get_device_stats(0, NULL) == NPUALLOC_ERR_INVALID_ARGUMENT);
+  CHECK(npualloc_empty_cache_device(-3) == NPUALLOC_ERR_INVALID_DEVICE);
+  /* device 1 works and is separate */
+  void *p = npualloc_malloc(64, 1, NULL);
+  CHECK(p != NULL);
+  npualloc_sim_counters c1;
+  CHECK(npualloc_sim_get_counters(1, &c1) == NPUALLOC_OK);
+  CHECK(c1.live_bytes == 2u << 20);
+  npualloc_free(p, 64, 1, NULL);
+  CHECK(npualloc_empty_cache_device(1) == NPUALLOC_OK);
+  CHECK(npualloc_sim_get_counters(1, &c1) == NPUALLOC_OK);
+  CHECK(c1.live_bytes == 0);
+}
+
+static void test_cross_stream(void) {
+  npualloc_stream side = NULL;
+  CHECK(npualloc_sim_create_stream(0, &side) == NPUALLOC_OK);
+  CHECK(side != NULL);
+  void *p = npualloc_malloc(8192, 0, NULL);
+  npualloc_record_stream(p, side);
+  CHECK(npualloc_sim_launch(0, side, 3) == NPUALLOC_OK); /* side stream busy */
+  npualloc_free(p, 8192, 0, NULL);
+  void *q = npualloc_malloc(8192, 0, NULL);
+  CHECK(q != p); /* not reused while side may still use it */
+  CHECK(npualloc_sim_complete_stream(0, side) == NPUALLOC_OK);
+  void *r = npualloc_malloc(8192, 0, NULL);
+  CHECK(r == p); /* reused after completion */
+  npualloc_free(q, 0, 0, NULL);
+  npualloc_free(r, 0, 0, NULL);
+  /* erase_stream forgets the use */
+  void *e = npualloc_malloc(512, 0, NULL);
+  npualloc_record_stream(e, side);
+  npualloc_erase_stream(e, side);
+  npualloc_sim_counters before, after;
+  npualloc_sim_get_counters(0, &before);
+  npualloc_free(e, 0, 0, NULL);
+  npualloc_sim_get_counters(0, &after);
+  CHECK(after.event_records == before.event_records);
+  /* unknown stream */
+  void *u = npualloc_malloc(512, 0, (npualloc_stream)0x12345);
+  CHECK(u == NULL);
+  CHECK(strstr(npualloc_last_error(), "unknown stream") != NULL);
+  CHECK(invariants_ok(0));
+}
+
+static void test_stats(void) {
+  npualloc_empty_cache(true);
+  npualloc_device_stats s;
+  CHECK(npualloc_get_device_stats(0, &s) == NPUALLOC_OK);
+  int64_t retries = s.num_alloc_retries;
+  void *p = npualloc_malloc(3u << 20, 0, NULL);
+  CHECK(npualloc_get_device_stats(0, &s) == NPUALLOC_OK);
+  CHECK(s.allocation[0].current == 1);
+  CHECK(s.allocated_bytes[2].current == 3 << 20);
+  CHECK(s.requested_bytes[0].current == 3 << 20);
+  CHECK(s.reserved_bytes[0].current == 20 << 20);
+  CHECK(s.segment[2].current == 1);
+  CHECK(s.max_split_size == INT64_MAX);
+  CHECK(s.num_alloc_retries == retries);
+  npualloc_free(p, 0, 0, NULL);
+  npualloc_reset_peak_stats(0);
+  CHECK(npualloc_get_device_stats(0, &s) == NPUALLOC_OK);
+  CHECK(s.allocated_bytes[0].peak == 0);
+  npualloc_empty_cache_all();
+  CHECK(npualloc_get_device_stats(0, &s) == NPUALLOC_OK);
+  CHECK(s.reserved_bytes[0].current == 0);
+}
+
+static void test_fraction_and_configure(void) {
+  /* configure after the first allocation is refused */
+  CHECK(npualloc_configure("max_split_size_mb:128") == NPUALLOC_ERR_INVALID_STATE);
+  CHECK(npualloc_configure("bogus:1") == NPUALLOC_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(npualloc_last_error(), "bogus") != NULL);
+  CHECK(npualloc_configure(NULL) == NPUALLOC_ERR_INVALID_ARGUMENT);
+  npualloc_set_memory_fraction(0.01, 0); /* ~10 MiB of 1 GiB */
+  CHECK(npualloc_malloc(30u << 20, 0, NULL) == NULL);
+  CHECK(strstr(npualloc_last_error(), "allowed") != NULL);
+  npualloc_set_memory_fraction(2.0, 0);
+  CHECK(strstr(npualloc_last_error(), "not within [0, 1]") != NULL);
+  npualloc_set_memory_fraction(1.0, 0);
+  void *p = npualloc_malloc(30u << 20, 0, NULL);
+  CHECK(p != NULL);
+  npualloc_free(p, 0, 0, NULL);
+}
+
+static void test_tags(void) {
+  npualloc_stream s1 = NULL, s2 = NULL;
+  npualloc_sim_create_stream(0, &s1);
+  npualloc_sim_create_stream(0, &s2);
+  CHECK(npualloc_tag_stream("66", s1) == NPUALLOC_OK);
+  CHECK(npualloc_tag_stream("66", s1) == NPUALLOC_OK);
+  CHECK(npualloc_tag_stream("66", s2) == NPUALLOC_ERR_INVALID_STATE);
+  CHECK(npualloc_tag_stream("default", s1) == NPUALLOC_ERR_INVALID_STATE);
+  CHECK(npualloc_tag_stream("", s1) == NPUALLOC_ERR_INVALID_ARGUMENT);
+  CHECK(npualloc_tag_stream(NULL, s1) == NPUALLOC_ERR_INVALID_ARGUMENT);
+  void *p = npualloc_malloc(4096, 0, NULL);
+  CHECK(npualloc_record_tagged_stream(p, "77") == NPUALLOC_ERR_UNKNOWN_TAG);
+  CHECK(npualloc_record_tagged_stream(p, "66") == NPUALLOC_OK);
+  npualloc_sim_launch(0, s1, 1);
+  npualloc_free(p, 0, 0, NULL);
+  void *q = npualloc_malloc(4096, 0, NULL);
+  CHECK(q != p);
+  npualloc_sim_complete_stream(0, s1);
+  npualloc_free(q, 0, 0, NULL);
+  CHECK(npualloc_tagged_event_record("ev", NULL) == NPUALLOC_ERR_UNKNOWN_TAG);
+  CHECK(npualloc_tagged_event_create("ev") == NPUALLOC_OK);
+  CHECK(npualloc_tagged_event_create("ev") == NPUALLOC_ERR_INVALID_STATE);
+  CHECK(npualloc_tagged_event_wait("ev", s2) == NPUALLOC_OK); /* never recorded: no-op */
+  CHECK(npualloc_tagged_event_record("ev", NULL) == NPUALLOC_OK);
+  CHECK(npualloc_tagged_event_wait("ev", s2) == NPUALLOC_OK);
+  CHECK(invariants_ok(0));
+}
+
+static void test_snapshot(const char *path) {
+  void *p = npualloc_malloc(1000, 0, NULL);
+  CHECK(npualloc_dump_snapshot(path) == NPUALLOC_OK);
+  FILE *f = fopen(path, "r");
+  CHECK(f != NULL);
+  if (f) {
+    char buf[4096] = {0};
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    CHECK(n > 0);
+    CHECK(strstr(buf, "\"segments\"") != NULL);
+    CHECK(strstr(buf, "active_allocated") != NULL);
+  }
+  CHECK(npualloc_dump_snapshot("/nonexistent-dir/x.json") == NPUALLOC_ERR_IO);
+  CHECK(npualloc_dump_snapshot(NULL) == NPUALLOC_ERR_INVALID_ARGUMENT);
+  npualloc_free(p, 0, 0, NULL);
+}
+
+static void test_hooks_too_late(void) {
+  npualloc_runtime_hooks h;
+  memset(&h, 0, sizeof h);
+  CHECK(npualloc_set_runtime_hooks(&h) == NPUALLOC_ERR_INVALID_STATE);
+}
+
+static void test_drained(void) {
+  npualloc_empty_cache(false);
+  npualloc_sim_counters c;
+  CHECK(npualloc_sim_get_counters(0, &c) == NPUALLOC_OK);
+  CHECK(c.live_bytes == 0);
+  CHECK(c.violations == 0);
+  CHECK(c.events_created == c.events_destroyed + 1); /* the tagged event "ev" stays */
+  CHECK(npualloc_sim_get_counters(0, NULL) == NPUALLOC_ERR_INVALID_ARGUMENT);
+  CHECK(invariants_ok(0));
+}
+
+int main(int argc, char **argv) {
+  CHECK(npualloc_last_error() == NULL); /* a thread that never failed sees NULL */
+  CHECK(npualloc_device_count() == 2);
+  test_malloc_free_reuse();
+  test_zero_and_bad_sizes();
+  test_unknown_pointers();
+  test_invalid_devices();
+  test_cross_stream();
+  test_stats();
+  test_fraction_and_configure();
+  test_tags();
+  test_snapshot(argc > 1 ? argv[1] : "/tmp/npualloc-c-snapshot.json");
+  test_hooks_too_late();
+  test_drained();
+  return REPORT("c-abi");
+}
