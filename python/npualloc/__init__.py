@@ -1,0 +1,156 @@
+"""npualloc: a caching NPU memory allocator, installable into torch_npu.
+
+Use with torch_npu (before the first NPU allocation)::
+
+    import npualloc
+    npualloc.install()
+
+Verified here: the loading path (ctypes, exactly as NPUPluggableAllocator does it) and
+the installer's calls, against a stand-in module. Not yet verified against a real
+torch_npu or NPU (none was available).
+"""
+
+import ctypes
+import os
+
+from ._lib import STAT_ARRAYS, DeviceStats, address, library_path, load
+
+__all__ = ["install", "install_cuda", "memory_stats", "empty_cache", "dump_snapshot",
+           "last_error", "library_path", "load", "NpuallocError"]
+
+_SWAP_TOO_LATE = "Can't swap an already initialized allocator"
+
+
+class NpuallocError(RuntimeError):
+    """An npualloc call failed; the message is the library's last error."""
+
+
+def last_error(lib=None):
+    """This thread's last error message from the library, or None."""
+    msg = (lib or load()).npualloc_last_error()
+    return msg.decode("utf-8", "replace") if msg else None
+
+
+def _check(rc, lib):
+    if rc != 0:
+        raise NpuallocError("npualloc error %d: %s" % (rc, last_error(lib)))
+
+
+def _swap(change_current_allocator, allocator):
+    try:
+        change_current_allocator(allocator)
+    except RuntimeError as e:
+        if _SWAP_TOO_LATE in str(e):
+            raise NpuallocError(
+                "npualloc.install() ran too late: the device allocator is already initialized "
+                "(%s). Call it right after `import torch_npu`, before anything allocates on "
+                "the device." % _SWAP_TOO_LATE) from e
+        raise
+
+
+def _build_shim(lib_path):
+    """Compiles (once, cached by torch) the C++ shim that adapts torch_npu's C++-typed
+    setters (NPUStream, DeviceStats) to the C ABI."""
+    from torch.utils import cpp_extension
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    include = os.path.join(os.path.dirname(os.path.dirname(here)), "include")
+    if not os.path.isdir(include):
+        include = os.path.join(here, "include")
+    return cpp_extension.load(
+        name="npualloc_torch_npu_shim",
+        sources=[os.path.join(here, "csrc", "torch_npu_shim.cpp")],
+        extra_include_paths=[include],
+        extra_ldflags=[lib_path],
+        verbose=False,
+    )
+
+
+def install(backend="acl", conf=None):
+    """Makes npualloc torch_npu's NPU allocator.
+
+    Must run before the first NPU allocation. `backend` sets NPUALLOC_BACKEND unless the
+    environment already does; `conf` sets NPUALLOC_CONF (PyTorch syntax). Returns the
+    torch_npu NPUPluggableAllocator.
+    """
+    os.environ.setdefault("NPUALLOC_BACKEND", backend)
+    if conf is not None:
+        os.environ["NPUALLOC_CONF"] = conf
+    import torch_npu  # noqa: F401  (a stand-in module in the tests)
+    from torch_npu.npu import memory as npu_memory
+
+    path = library_path()
+    lib = load(path)
+    pluggable = npu_memory.NPUPluggableAllocator(path, "npualloc_malloc", "npualloc_free")
+    alloc = pluggable.allocator()
+    alloc.set_init_fn(address(lib, "npualloc_init"))
+    alloc.set_reset_fn(address(lib, "npualloc_empty_cache"))
+    alloc.set_memory_fraction_fn(address(lib, "npualloc_set_memory_fraction"))
+    alloc.set_base_alloc_fn(address(lib, "npualloc_base_alloc"))
+    shim = _build_shim(path)
+    shim.install_runtime_hooks()
+    alloc.set_record_stream_fn(shim.record_stream_fn())
+    if hasattr(alloc, "set_erase_stream_fn"):
+        alloc.set_erase_stream_fn(shim.erase_stream_fn())
+    if hasattr(alloc, "set_get_device_stats_fn"):
+        alloc.set_get_device_stats_fn(shim.get_device_stats_fn())
+    if hasattr(alloc, "set_reset_peak_status_fn"):
+        alloc.set_reset_peak_status_fn(shim.reset_peak_status_fn())
+    _swap(npu_memory.change_current_allocator, pluggable)
+    return pluggable
+
+
+def install_cuda(conf=None):
+    """Makes npualloc torch's CUDA allocator (CUDAPluggableAllocator), on the CUDA
+    backend. Must run before CUDA is initialised. Returns the pluggable allocator."""
+    os.environ.setdefault("NPUALLOC_BACKEND", "cuda")
+    if conf is not None:
+        os.environ["NPUALLOC_CONF"] = conf
+    from torch.cuda import memory as cuda_memory
+
+    path = library_path()
+    lib = load(path)
+    pluggable = cuda_memory.CUDAPluggableAllocator(path, "npualloc_malloc", "npualloc_free")
+    alloc = pluggable.allocator()
+    alloc.set_init_fn(address(lib, "npualloc_init"))
+    alloc.set_reset_fn(address(lib, "npualloc_empty_cache_all"))
+    alloc.set_memory_fraction_fn(address(lib, "npualloc_set_memory_fraction"))
+    alloc.set_base_alloc_fn(address(lib, "npualloc_base_alloc"))
+    # torch.cuda's record-stream setter takes a plain cudaStream_t: no shim needed.
+    alloc.set_record_stream_fn(address(lib, "npualloc_record_stream"))
+    _swap(cuda_memory.change_current_allocator, pluggable)
+    return pluggable
+
+
+def memory_stats(device=0, lib=None):
+    """Statistics of `device` with PyTorch's flat key names
+    (`allocated_bytes.all.current`, ..., `num_alloc_retries`)."""
+    lib = lib or load()
+    s = DeviceStats()
+    _check(lib.npualloc_get_device_stats(device, ctypes.byref(s)), lib)
+    out = {}
+    for name in STAT_ARRAYS:
+        arr = getattr(s, name)
+        for i, pool in enumerate(("all", "small_pool", "large_pool")):
+            for field in ("current", "peak", "allocated", "freed"):
+                out["%s.%s.%s" % (name, pool, field)] = getattr(arr[i], field)
+    for name in ("oversize_allocations", "oversize_segments"):
+        stat = getattr(s, name)
+        for field in ("current", "peak", "allocated", "freed"):
+            out["%s.%s" % (name, field)] = getattr(stat, field)
+    for name in ("num_alloc_retries", "num_ooms", "num_sync_all_streams",
+                 "num_device_alloc", "num_device_free", "max_split_size"):
+        out[name] = getattr(s, name)
+    return out
+
+
+def empty_cache(lib=None):
+    """Releases every cached, unused segment on every device."""
+    lib = lib or load()
+    lib.npualloc_empty_cache(True)
+
+
+def dump_snapshot(path, lib=None):
+    """Writes a memory snapshot (JSON, PyTorch `_snapshot()` shape) to `path`."""
+    lib = lib or load()
+    _check(lib.npualloc_dump_snapshot(os.fsencode(path)), lib)

@@ -1,0 +1,112 @@
+"""Loading libnpualloc with ctypes and declaring the C ABI (include/npualloc.h)."""
+
+import ctypes
+import os
+from pathlib import Path
+
+_HERE = Path(__file__).resolve().parent
+
+
+class Stat(ctypes.Structure):
+    """npualloc_stat: one statistic."""
+
+    _fields_ = [("current", ctypes.c_int64), ("peak", ctypes.c_int64),
+                ("allocated", ctypes.c_int64), ("freed", ctypes.c_int64)]
+
+
+StatArray = Stat * 3
+
+STAT_ARRAYS = ("allocation", "segment", "active", "inactive_split", "allocated_bytes",
+               "reserved_bytes", "active_bytes", "inactive_split_bytes", "requested_bytes")
+
+
+class DeviceStats(ctypes.Structure):
+    """npualloc_device_stats: PyTorch's DeviceStats, field for field."""
+
+    _fields_ = [(name, StatArray) for name in STAT_ARRAYS] + [
+        ("num_alloc_retries", ctypes.c_int64),
+        ("num_ooms", ctypes.c_int64),
+        ("oversize_allocations", Stat),
+        ("oversize_segments", Stat),
+        ("num_sync_all_streams", ctypes.c_int64),
+        ("num_device_alloc", ctypes.c_int64),
+        ("num_device_free", ctypes.c_int64),
+        ("max_split_size", ctypes.c_int64),
+    ]
+
+
+class SimCounters(ctypes.Structure):
+    """npualloc_sim_counters (test-only controls of the simulated backend)."""
+
+    _fields_ = [(n, ctypes.c_uint64) for n in (
+        "mallocs", "frees", "live_bytes", "peak_bytes", "events_created",
+        "events_destroyed", "event_records", "violations")]
+
+
+def library_path():
+    """Path of libnpualloc.so: $NPUALLOC_LIB, the copy shipped in the package, or the
+    repository's target/release (then target/debug) build."""
+    env = os.environ.get("NPUALLOC_LIB")
+    if env:
+        return env
+    candidates = [_HERE / "lib" / "libnpualloc.so"]
+    for root in (_HERE.parent.parent,):
+        candidates += [root / "target" / "release" / "libnpualloc.so",
+                       root / "target" / "debug" / "libnpualloc.so"]
+    for c in candidates:
+        if c.is_file():
+            return str(c)
+    raise FileNotFoundError(
+        "libnpualloc.so not found: build it with `cargo build --release` at the repository "
+        "root or set NPUALLOC_LIB to its path (looked in: %s)" % ", ".join(map(str, candidates)))
+
+
+_SIGNATURES = {
+    "npualloc_malloc": (ctypes.c_void_p, [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]),
+    "npualloc_free": (None, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]),
+    "npualloc_init": (None, [ctypes.c_int]),
+    "npualloc_empty_cache": (None, [ctypes.c_bool]),
+    "npualloc_empty_cache_all": (None, []),
+    "npualloc_set_memory_fraction": (None, [ctypes.c_double, ctypes.c_int]),
+    "npualloc_base_alloc": (ctypes.c_void_p, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)]),
+    "npualloc_record_stream": (None, [ctypes.c_void_p, ctypes.c_void_p]),
+    "npualloc_erase_stream": (None, [ctypes.c_void_p, ctypes.c_void_p]),
+    "npualloc_reset_peak_stats": (None, [ctypes.c_int]),
+    "npualloc_get_device_stats": (ctypes.c_int, [ctypes.c_int, ctypes.POINTER(DeviceStats)]),
+    "npualloc_last_error": (ctypes.c_char_p, []),
+    "npualloc_configure": (ctypes.c_int, [ctypes.c_char_p]),
+    "npualloc_empty_cache_device": (ctypes.c_int, [ctypes.c_int]),
+    "npualloc_dump_snapshot": (ctypes.c_int, [ctypes.c_char_p]),
+    "npualloc_check_invariants": (ctypes.c_int, [ctypes.c_int]),
+    "npualloc_device_count": (ctypes.c_int, []),
+    "npualloc_tag_stream": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_void_p]),
+    "npualloc_record_tagged_stream": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p]),
+    "npualloc_tagged_event_create": (ctypes.c_int, [ctypes.c_char_p]),
+    "npualloc_tagged_event_record": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_void_p]),
+    "npualloc_tagged_event_wait": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_void_p]),
+    "npualloc_sim_create_stream": (ctypes.c_int, [ctypes.c_int, ctypes.POINTER(ctypes.c_void_p)]),
+    "npualloc_sim_launch": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint32]),
+    "npualloc_sim_complete_stream": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p]),
+    "npualloc_sim_get_counters": (ctypes.c_int, [ctypes.c_int, ctypes.POINTER(SimCounters)]),
+}
+
+_cached = {}
+
+
+def load(path=None):
+    """The loaded library (one per path), with every function's signature declared."""
+    path = path or library_path()
+    lib = _cached.get(path)
+    if lib is None:
+        lib = ctypes.CDLL(path)
+        for name, (res, args) in _SIGNATURES.items():
+            fn = getattr(lib, name)
+            fn.restype = res
+            fn.argtypes = args
+        _cached[path] = lib
+    return lib
+
+
+def address(lib, name):
+    """The address of an exported function, as torch's pluggable allocators take it."""
+    return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value

@@ -1,0 +1,239 @@
+"""ctypes tests of libnpualloc on the simulated backend.
+
+Run with NPUALLOC_BACKEND=sim NPUALLOC_SIM_MODE=manual NPUALLOC_LIB=<path> (the
+scripts/test-python.sh wrapper sets them).
+"""
+
+import ctypes
+import os
+import sys
+import tempfile
+import threading
+import unittest
+import json
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import npualloc  # noqa: E402
+from npualloc import _lib  # noqa: E402
+from standin import install_standins, remove_standins  # noqa: E402
+
+SIZE_MAX = 2**64 - 1
+
+
+def lib():
+    return npualloc.load()
+
+
+def new_stream():
+    s = ctypes.c_void_p()
+    assert lib().npualloc_sim_create_stream(0, ctypes.byref(s)) == 0, npualloc.last_error()
+    return s
+
+
+def counters():
+    c = _lib.SimCounters()
+    assert lib().npualloc_sim_get_counters(0, ctypes.byref(c)) == 0
+    return c
+
+
+def consistent():
+    return lib().npualloc_check_invariants(0) == 0
+
+
+class PluggableLoadPath(unittest.TestCase):
+    def test_loads_like_npu_pluggable_allocator(self):
+        path = npualloc.library_path()
+        raw = ctypes.CDLL(path)
+        alloc_fn = ctypes.cast(getattr(raw, "npualloc_malloc"), ctypes.c_void_p).value
+        free_fn = ctypes.cast(getattr(raw, "npualloc_free"), ctypes.c_void_p).value
+        self.assertTrue(alloc_fn and free_fn)
+        self.assertNotEqual(alloc_fn, free_fn)
+        # Call through the raw addresses with torch's exact types.
+        alloc_t = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
+        free_t = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
+        p = alloc_t(alloc_fn)(4096, 0, None)
+        self.assertIsNotNone(p)
+        self.assertEqual(p % 512, 0)
+        free_t(free_fn)(p, 4096, 0, None)
+        self.assertTrue(consistent())
+
+
+class CrossStream(unittest.TestCase):
+    def test_reuse_only_after_completion(self):
+        side = new_stream()
+        p = lib().npualloc_malloc(8192, 0, None)
+        lib().npualloc_record_stream(p, side)
+        self.assertEqual(lib().npualloc_sim_launch(0, side, 2), 0)
+        before = counters().event_records
+        lib().npualloc_free(p, 8192, 0, None)
+        self.assertEqual(counters().event_records, before + 1)
+        q = lib().npualloc_malloc(8192, 0, None)
+        self.assertNotEqual(q, p)
+        self.assertEqual(lib().npualloc_sim_complete_stream(0, side), 0)
+        r = lib().npualloc_malloc(8192, 0, None)
+        self.assertEqual(r, p)
+        for x in (q, r):
+            lib().npualloc_free(x, 0, 0, None)
+        self.assertTrue(consistent())
+
+
+class BadInput(unittest.TestCase):
+    def test_unknown_and_double_free(self):
+        lib().npualloc_free(0xdeadbeef, 16, 0, None)
+        self.assertIn("unknown pointer 0xdeadbeef", npualloc.last_error())
+        p = lib().npualloc_malloc(100, 0, None)
+        lib().npualloc_free(p, 100, 0, None)
+        stats = npualloc.memory_stats(0)
+        lib().npualloc_free(p, 100, 0, None)
+        self.assertIn("npualloc_free: unknown pointer", npualloc.last_error())
+        self.assertEqual(npualloc.memory_stats(0), stats, "a double free changed the stats")
+        self.assertTrue(consistent())
+
+    def test_sizes_and_devices(self):
+        self.assertIsNone(lib().npualloc_malloc(0, 0, None))
+        self.assertIsNone(lib().npualloc_malloc(SIZE_MAX, 0, None))
+        self.assertIn("too large", npualloc.last_error())
+        self.assertIsNone(lib().npualloc_malloc(64, -1, None))
+        self.assertIn("invalid device -1", npualloc.last_error())
+        self.assertIsNone(lib().npualloc_malloc(64, 0, 0x4242))
+        self.assertIn("unknown stream", npualloc.last_error())
+        with self.assertRaises(npualloc.NpuallocError) as cm:
+            npualloc.memory_stats(99)
+        self.assertIn("invalid device 99", str(cm.exception))
+        self.assertEqual(lib().npualloc_configure(b"max_split_size_mb:x"), 1)
+        self.assertIn("max_split_size_mb", npualloc.last_error())
+        self.assertTrue(consistent())
+
+    def test_last_error_is_per_thread(self):
+        seen = []
+        t = threading.Thread(target=lambda: seen.append(lib().npualloc_last_error()))
+        t.start()
+        t.join()
+        self.assertEqual(seen, [None])
+
+
+class Stats(unittest.TestCase):
+    def test_struct_layout_and_values(self):
+        # 9 arrays of 3 stats, 2 counters, 2 stats, 4 counters; all int64.
+        self.assertEqual(ctypes.sizeof(_lib.DeviceStats), (9 * 3 * 4 + 2 + 2 * 4 + 4) * 8)
+        npualloc.empty_cache()
+        base = npualloc.memory_stats(0)
+        p = lib().npualloc_malloc(3 << 20, 0, None)
+        q = lib().npualloc_malloc(1000, 0, None)
+        s = npualloc.memory_stats(0)
+        self.assertEqual(s["allocation.all.current"], base["allocation.all.current"] + 2)
+        self.assertEqual(s["allocated_bytes.large_pool.current"], 3 << 20)
+        self.assertEqual(s["allocated_bytes.small_pool.current"], 1024)
+        self.assertEqual(s["requested_bytes.all.current"], (3 << 20) + 1000)
+        self.assertEqual(s["reserved_bytes.all.current"], (20 << 20) + (2 << 20))
+        self.assertEqual(s["segment.all.current"], 2)
+        self.assertEqual(s["num_device_alloc"] - base["num_device_alloc"], 2)
+        self.assertEqual(s["max_split_size"], 2**63 - 1)
+        for x in (p, q):
+            lib().npualloc_free(x, 0, 0, None)
+        s = npualloc.memory_stats(0)
+        self.assertEqual(s["allocated_bytes.all.current"], 0)
+        self.assertEqual(s["allocated_bytes.all.peak"], (3 << 20) + 1024)
+        self.assertEqual(len([k for k in s if k.endswith(".current")]), 9 * 3 + 2)
+
+    def test_snapshot_file(self):
+        p = lib().npualloc_malloc(5000, 0, None)
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "snap.json")
+            npualloc.dump_snapshot(path)
+            with open(path) as f:
+                snap = json.load(f)
+        blocks = [b for seg in snap["segments"] for b in seg["blocks"]]
+        self.assertIn({"address": p, "size": 5120, "requested_size": 5000,
+                       "state": "active_allocated", "frames": []}, blocks)
+        lib().npualloc_free(p, 0, 0, None)
+
+
+class Threads(unittest.TestCase):
+    def test_many_threads_stay_consistent(self):
+        streams = [None] + [new_stream() for _ in range(3)]
+        errors = []
+
+        def work(seed):
+            import random
+            rnd = random.Random(seed)
+            live = []
+            for _ in range(1500):
+                if len(live) < 12 and rnd.random() < 0.6:
+                    p = lib().npualloc_malloc(rnd.randint(1, 3 << 20), 0, streams[seed % 4])
+                    if not p:
+                        errors.append(npualloc.last_error())
+                        continue
+                    if rnd.random() < 0.2:
+                        lib().npualloc_record_stream(p, rnd.choice(streams[1:]))
+                    live.append(p)
+                elif live:
+                    lib().npualloc_free(live.pop(rnd.randrange(len(live))), 0, 0, None)
+            for p in live:
+                lib().npualloc_free(p, 0, 0, None)
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertEqual(errors, [])
+        self.assertTrue(consistent(), npualloc.last_error())
+        for s in streams[1:]:
+            lib().npualloc_sim_complete_stream(0, s)
+        npualloc.empty_cache()
+        s = npualloc.memory_stats(0)
+        self.assertEqual(s["allocation.all.current"], 0)
+        self.assertEqual(s["reserved_bytes.all.current"], 0)
+        self.assertEqual(counters().violations, 0)
+
+
+class Installer(unittest.TestCase):
+    def tearDown(self):
+        remove_standins()
+
+    def test_install_wires_every_setter(self):
+        log = []
+        install_standins(log, shim_addresses={"record_stream_fn": 0xabc0})
+        npualloc.install(backend="sim")
+        names = [e[0] for e in log]
+        raw = npualloc.load()
+        self.assertEqual(log[0], ("customAllocator", _lib.address(raw, "npualloc_malloc"),
+                                  _lib.address(raw, "npualloc_free")))
+        setters = dict(e for e in log if e[0].startswith("set_"))
+        self.assertEqual(setters["set_init_fn"], _lib.address(raw, "npualloc_init"))
+        self.assertEqual(setters["set_reset_fn"], _lib.address(raw, "npualloc_empty_cache"))
+        self.assertEqual(setters["set_memory_fraction_fn"], _lib.address(raw, "npualloc_set_memory_fraction"))
+        self.assertEqual(setters["set_base_alloc_fn"], _lib.address(raw, "npualloc_base_alloc"))
+        self.assertEqual(setters["set_record_stream_fn"], 0xabc0)
+        for s in ("set_erase_stream_fn", "set_get_device_stats_fn", "set_reset_peak_status_fn"):
+            self.assertIn(s, setters)
+        self.assertIn("cpp_extension.load", names)
+        self.assertIn("install_runtime_hooks", names)
+        self.assertEqual(names[-1], "change_current_allocator", "the swap must come last")
+
+    def test_install_too_late_says_so(self):
+        install_standins([], already_initialized=True)
+        with self.assertRaises(npualloc.NpuallocError) as cm:
+            npualloc.install(backend="sim")
+        self.assertIn("before anything allocates", str(cm.exception))
+        self.assertIn("Can't swap an already initialized allocator", str(cm.exception))
+
+    def test_install_cuda_needs_no_shim(self):
+        log = []
+        install_standins(log)
+        npualloc.install_cuda()
+        raw = npualloc.load()
+        setters = dict(e for e in log if e[0].startswith("set_"))
+        self.assertEqual(setters["set_record_stream_fn"], _lib.address(raw, "npualloc_record_stream"))
+        self.assertEqual(setters["set_reset_fn"], _lib.address(raw, "npualloc_empty_cache_all"))
+        self.assertNotIn("cpp_extension.load", [e[0] for e in log])
+        self.assertEqual(log[-1][0], "change_current_allocator")
+
+
+if __name__ == "__main__":
+    result = unittest.main(exit=False, verbosity=1).result
+    failed = len(result.failures) + len(result.errors)
+    print("python-abi: %d passed, %d failed" % (result.testsRun - failed, failed))
+    sys.exit(1 if failed or not result.wasSuccessful() else 0)
