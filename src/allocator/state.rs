@@ -170,7 +170,10 @@ impl State {
             return Err(Error::ZeroSize);
         }
         let too_large = Error::SizeTooLarge { requested: size };
-        let rounded = round_size(size, &self.config).ok_or(too_large.clone())?;
+        let padded = size
+            .checked_add(dev.request_padding())
+            .ok_or(too_large.clone())?;
+        let rounded = round_size(padded, &self.config).ok_or(too_large.clone())?;
         let seg_size = allocation_size(rounded).ok_or(too_large)?;
         self.check_stream(dev, index, stream)?;
         self.process_events(dev, index);

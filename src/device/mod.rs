@@ -1,11 +1,15 @@
 //! The device abstraction: what the allocator needs from an accelerator runtime.
 //!
 //! Backends: [`sim`] (a simulated device with real asynchronous streams, used by
-//! every test); the Ascend ACL and CUDA runtimes arrive as further modules.
+//! every test), [`acl`] (Ascend, `libascendcl.so` loaded at run time) and [`cuda`]
+//! (`libcudart.so` loaded at run time, for validation on NVIDIA cards).
 //!
 //! Handles are plain integers so that a runtime's opaque pointers (`aclrtStream`,
 //! `cudaEvent_t`) pass through unchanged. Stream `0` is a device's default stream.
 
+pub mod acl;
+pub mod cuda;
+mod loader;
 pub mod sim;
 
 use std::fmt;
@@ -135,6 +139,10 @@ pub trait Device: Send + Sync {
     fn check_stream(&self, device: DeviceIndex, stream: StreamHandle) -> Result<(), DeviceError> {
         let _ = (device, stream);
         Ok(())
+    }
+    /// Bytes added to every request before rounding (torch_npu pads by 32 on Ascend).
+    fn request_padding(&self) -> usize {
+        0
     }
     /// The calling thread's current device (the runtime's notion; 0 if it has none).
     fn current_device(&self) -> Result<DeviceIndex, DeviceError> {

@@ -1,0 +1,494 @@
+//! The Ascend ACL runtime backend: `libascendcl.so`, loaded at run time.
+//!
+//! Never linked: the crate builds and tests without CANN. Every symbol is resolved at
+//! load into a function table; a missing required one is a load error naming it, a
+//! missing optional one turns its feature off (logged at debug level).
+//!
+//! Facts used (CANN `acl/acl_rt.h`, `acl_base_rt.h`): segments come from
+//! `aclrtMallocAlign32(.., ACL_MEM_MALLOC_HUGE_FIRST)` (fallback `aclrtMalloc`), requests
+//! are padded by 32 bytes before rounding as torch_npu does, out of memory is 207001
+//! (also 207018 and 200000), events are created with `ACL_EVENT_CAPTURE_STREAM_PROGRESS`
+//! (reusable `Ex` variant preferred) and queried with `aclrtQueryEventStatus` (fallback
+//! `aclrtQueryEvent`, whose status values are the other way round). ACL's current device
+//! is per thread: each call sets the target device and restores the caller's.
+
+use std::ffi::{c_char, c_int, c_void, CStr, OsString};
+
+use libloading::Library;
+
+use super::loader::{self, Candidate};
+use super::{Device, DeviceError, DeviceIndex, DevicePtr, EventHandle, MemInfo, StreamHandle};
+
+type AclError = c_int;
+type Ptr = *mut c_void;
+
+const ACL_SUCCESS: AclError = 0;
+const ACL_ERROR_UNINITIALIZE: AclError = 100001;
+const ACL_ERROR_REPEAT_INITIALIZE: AclError = 100002;
+/// Error codes that mean "out of memory".
+pub const OOM_CODES: [AclError; 3] = [207001, 207018, 200000];
+const ACL_MEM_MALLOC_HUGE_FIRST: c_int = 0;
+const ACL_HBM_MEM: c_int = 1;
+const ACL_EVENT_CAPTURE_STREAM_PROGRESS: u32 = 0x2;
+const RECORDED_STATUS_COMPLETE: c_int = 1;
+const EVENT_STATUS_COMPLETE: c_int = 0;
+/// Bytes torch_npu adds to each request before rounding on current SoCs.
+pub const ACL_REQUEST_PADDING: usize = 32;
+
+type MallocFn = unsafe extern "C" fn(*mut Ptr, usize, c_int) -> AclError;
+type PtrFn = unsafe extern "C" fn(Ptr) -> AclError;
+type OutPtrFn = unsafe extern "C" fn(*mut Ptr) -> AclError;
+type CreateFlagFn = unsafe extern "C" fn(*mut Ptr, u32) -> AclError;
+type TwoPtrFn = unsafe extern "C" fn(Ptr, Ptr) -> AclError;
+type QueryFn = unsafe extern "C" fn(Ptr, *mut c_int) -> AclError;
+
+struct Fns {
+    init: Option<unsafe extern "C" fn(*const c_char) -> AclError>,
+    recent_err_msg: Option<unsafe extern "C" fn() -> *const c_char>,
+    set_device: unsafe extern "C" fn(i32) -> AclError,
+    get_device: unsafe extern "C" fn(*mut i32) -> AclError,
+    get_device_count: unsafe extern "C" fn(*mut u32) -> AclError,
+    malloc: MallocFn,
+    malloc_align32: Option<MallocFn>,
+    free: PtrFn,
+    get_mem_info: unsafe extern "C" fn(c_int, *mut usize, *mut usize) -> AclError,
+    create_event: OutPtrFn,
+    create_event_with_flag: Option<CreateFlagFn>,
+    create_event_ex_with_flag: Option<CreateFlagFn>,
+    record_event: TwoPtrFn,
+    query_event_status: Option<QueryFn>,
+    query_event: Option<QueryFn>,
+    synchronize_event: PtrFn,
+    destroy_event: PtrFn,
+    stream_wait_event: TwoPtrFn,
+    synchronize_device: unsafe extern "C" fn() -> AclError,
+}
+
+/// Which optional ACL features the loaded library has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AclFeatures {
+    /// `aclrtMallocAlign32` (no 32-byte padding by the runtime).
+    pub malloc_align32: bool,
+    /// `aclrtQueryEventStatus` (else the deprecated `aclrtQueryEvent`).
+    pub query_event_status: bool,
+    /// `aclrtCreateEventExWithFlag` (reusable events).
+    pub event_ex: bool,
+    /// The virtual-memory set (`aclrtReserveMemAddress`, `aclrtMallocPhysical`, `aclrtMapMem`, ...).
+    pub virtual_memory: bool,
+}
+
+/// The ACL backend.
+pub struct AclDevice {
+    f: Fns,
+    features: AclFeatures,
+    notes: Vec<String>,
+    path: String,
+    count: usize,
+    // Keeps the library loaded while `f` holds pointers into it; never unloaded.
+    _lib: Library,
+}
+
+impl std::fmt::Debug for AclDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AclDevice")
+            .field("path", &self.path)
+            .field("devices", &self.count)
+            .field("features", &self.features)
+            .finish()
+    }
+}
+
+fn candidates() -> (Vec<Candidate>, bool) {
+    if let Some(p) = std::env::var_os("NPUALLOC_ACL_LIB").filter(|p| !p.is_empty()) {
+        return (
+            vec![Candidate {
+                path: p,
+                source: "NPUALLOC_ACL_LIB".into(),
+            }],
+            true,
+        );
+    }
+    let mut c = vec![Candidate {
+        path: OsString::from("libascendcl.so"),
+        source: "the loader's search path".into(),
+    }];
+    if let Some(home) = std::env::var_os("ASCEND_HOME_PATH") {
+        let mut p = std::path::PathBuf::from(home);
+        p.push("lib64/libascendcl.so");
+        c.push(Candidate {
+            path: p.into(),
+            source: "ASCEND_HOME_PATH".into(),
+        });
+    }
+    (c, false)
+}
+
+impl AclDevice {
+    /// Loads the ACL runtime from `NPUALLOC_ACL_LIB`, else `libascendcl.so`, else
+    /// `$ASCEND_HOME_PATH/lib64/libascendcl.so`.
+    pub fn load() -> Result<AclDevice, DeviceError> {
+        let (c, explicit) = candidates();
+        let (lib, path) = loader::open(&c, explicit)?;
+        Self::from_library(lib, path)
+    }
+
+    /// Loads the ACL runtime from `path` (a test aid; production code uses [`AclDevice::load`]).
+    pub fn load_from(path: &str) -> Result<AclDevice, DeviceError> {
+        let c = [Candidate {
+            path: path.into(),
+            source: "an explicit path".into(),
+        }];
+        let (lib, path) = loader::open(&c, true)?;
+        Self::from_library(lib, path)
+    }
+
+    fn from_library(lib: Library, path: String) -> Result<AclDevice, DeviceError> {
+        // SAFETY: each type below is the ACL function's C signature from acl_rt.h /
+        // acl_base_rt.h (aclError = int; handles are void*; enums are int-sized).
+        let f = unsafe {
+            let p = path.as_str();
+            Fns {
+                init: loader::optional(&lib, "aclInit"),
+                recent_err_msg: loader::optional(&lib, "aclGetRecentErrMsg"),
+                set_device: loader::required(&lib, p, "aclrtSetDevice")?,
+                get_device: loader::required(&lib, p, "aclrtGetDevice")?,
+                get_device_count: loader::required(&lib, p, "aclrtGetDeviceCount")?,
+                malloc: loader::required(&lib, p, "aclrtMalloc")?,
+                malloc_align32: loader::optional(&lib, "aclrtMallocAlign32"),
+                free: loader::required(&lib, p, "aclrtFree")?,
+                get_mem_info: loader::required(&lib, p, "aclrtGetMemInfo")?,
+                create_event: loader::required(&lib, p, "aclrtCreateEvent")?,
+                create_event_with_flag: loader::optional(&lib, "aclrtCreateEventWithFlag"),
+                create_event_ex_with_flag: loader::optional(&lib, "aclrtCreateEventExWithFlag"),
+                record_event: loader::required(&lib, p, "aclrtRecordEvent")?,
+                query_event_status: loader::optional(&lib, "aclrtQueryEventStatus"),
+                query_event: loader::optional(&lib, "aclrtQueryEvent"),
+                synchronize_event: loader::required(&lib, p, "aclrtSynchronizeEvent")?,
+                destroy_event: loader::required(&lib, p, "aclrtDestroyEvent")?,
+                stream_wait_event: loader::required(&lib, p, "aclrtStreamWaitEvent")?,
+                synchronize_device: loader::required(&lib, p, "aclrtSynchronizeDevice")?,
+            }
+        };
+        if f.query_event_status.is_none() && f.query_event.is_none() {
+            return Err(DeviceError::Unavailable(format!(
+                "required symbol aclrtQueryEventStatus (or the older aclrtQueryEvent) is missing from '{path}'"
+            )));
+        }
+        let vmm = [
+            "aclrtReserveMemAddress",
+            "aclrtReleaseMemAddress",
+            "aclrtMallocPhysical",
+            "aclrtFreePhysical",
+            "aclrtMapMem",
+            "aclrtUnmapMem",
+        ];
+        // SAFETY: only probing for presence; the pointer type is irrelevant and unused.
+        let missing_vmm: Vec<&str> = vmm
+            .iter()
+            .copied()
+            .filter(|n| unsafe { loader::optional::<PtrFn>(&lib, n) }.is_none())
+            .collect();
+        let features = AclFeatures {
+            malloc_align32: f.malloc_align32.is_some(),
+            query_event_status: f.query_event_status.is_some(),
+            event_ex: f.create_event_ex_with_flag.is_some(),
+            virtual_memory: missing_vmm.is_empty(),
+        };
+        let mut notes = Vec::new();
+        if !features.malloc_align32 {
+            notes.push(
+                "aclrtMallocAlign32 missing: segments use aclrtMalloc (runtime adds 32 bytes)"
+                    .to_string(),
+            );
+        }
+        if !features.query_event_status {
+            notes.push(
+                "aclrtQueryEventStatus missing: events are queried with aclrtQueryEvent"
+                    .to_string(),
+            );
+        }
+        if !features.event_ex {
+            notes.push(
+                "aclrtCreateEventExWithFlag missing: events come from aclrtCreateEventWithFlag"
+                    .to_string(),
+            );
+        }
+        if !features.virtual_memory {
+            notes.push(format!(
+                "virtual memory off: missing {}",
+                missing_vmm.join(", ")
+            ));
+        }
+        for n in &notes {
+            log::debug!("npualloc acl backend ({path}): {n}");
+        }
+        let mut dev = AclDevice {
+            f,
+            features,
+            notes,
+            path,
+            count: 0,
+            _lib: lib,
+        };
+        dev.count = dev.probe_device_count()?;
+        Ok(dev)
+    }
+
+    /// Reads the device count, calling `aclInit` first only if the runtime asks for it.
+    fn probe_device_count(&self) -> Result<usize, DeviceError> {
+        let mut n: u32 = 0;
+        // SAFETY: valid out-pointer; function from the loaded table.
+        let mut rc = unsafe { (self.f.get_device_count)(&mut n) };
+        if rc == ACL_ERROR_UNINITIALIZE {
+            if let Some(init) = self.f.init {
+                // SAFETY: aclInit(NULL) uses the default configuration.
+                let irc = unsafe { init(std::ptr::null()) };
+                if irc != ACL_SUCCESS && irc != ACL_ERROR_REPEAT_INITIALIZE {
+                    return Err(self.error("aclInit", irc));
+                }
+                // SAFETY: as above.
+                rc = unsafe { (self.f.get_device_count)(&mut n) };
+            }
+        }
+        if rc != ACL_SUCCESS {
+            return Err(self.error("aclrtGetDeviceCount", rc));
+        }
+        Ok(n as usize)
+    }
+
+    /// The optional features found.
+    pub fn features(&self) -> AclFeatures {
+        self.features
+    }
+
+    /// Human-readable notes on features turned off.
+    pub fn notes(&self) -> &[String] {
+        &self.notes
+    }
+
+    /// The path the library was loaded from.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    fn error(&self, call: &'static str, code: AclError) -> DeviceError {
+        let message = self
+            .f
+            .recent_err_msg
+            // SAFETY: aclGetRecentErrMsg returns NULL or a NUL-terminated string owned by
+            // the runtime, valid until the next ACL call on this thread; copied at once.
+            .map(|f| unsafe { f() })
+            .filter(|p| !p.is_null())
+            // SAFETY: non-NULL, NUL-terminated (see above).
+            .map(|p| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        DeviceError::Runtime {
+            call,
+            code: code.into(),
+            message,
+        }
+    }
+
+    fn check(&self, call: &'static str, code: AclError) -> Result<(), DeviceError> {
+        if code == ACL_SUCCESS {
+            Ok(())
+        } else {
+            Err(self.error(call, code))
+        }
+    }
+
+    /// Runs `f` with `device` current on this thread, restoring the caller's device.
+    fn on_device<T>(
+        &self,
+        device: DeviceIndex,
+        f: impl FnOnce() -> Result<T, DeviceError>,
+    ) -> Result<T, DeviceError> {
+        if device >= self.count {
+            return Err(DeviceError::InvalidDevice {
+                device: device as i64,
+                count: self.count,
+            });
+        }
+        let mut current: i32 = -1;
+        // SAFETY: valid out-pointer.
+        let had = unsafe { (self.f.get_device)(&mut current) } == ACL_SUCCESS;
+        let switch = !had || current != device as i32;
+        if switch {
+            // SAFETY: plain call with a checked device index.
+            self.check("aclrtSetDevice", unsafe {
+                (self.f.set_device)(device as i32)
+            })?;
+        }
+        let result = f();
+        if switch && had {
+            // SAFETY: restoring the device the caller had.
+            unsafe { (self.f.set_device)(current) };
+        }
+        result
+    }
+}
+
+impl Device for AclDevice {
+    fn name(&self) -> &'static str {
+        "acl"
+    }
+
+    fn device_count(&self) -> usize {
+        self.count
+    }
+
+    fn request_padding(&self) -> usize {
+        ACL_REQUEST_PADDING
+    }
+
+    fn malloc(&self, device: DeviceIndex, size: usize) -> Result<DevicePtr, DeviceError> {
+        self.on_device(device, || {
+            let mut p: Ptr = std::ptr::null_mut();
+            let (call, f) = match self.f.malloc_align32 {
+                Some(f) => ("aclrtMallocAlign32", f),
+                None => ("aclrtMalloc", self.f.malloc),
+            };
+            // SAFETY: valid out-pointer; HUGE_FIRST is a valid policy.
+            let rc = unsafe { f(&mut p, size, ACL_MEM_MALLOC_HUGE_FIRST) };
+            if OOM_CODES.contains(&rc) {
+                return Err(DeviceError::OutOfMemory {
+                    device,
+                    requested: size,
+                });
+            }
+            self.check(call, rc)?;
+            Ok(p as DevicePtr)
+        })
+    }
+
+    fn free(&self, device: DeviceIndex, ptr: DevicePtr) -> Result<(), DeviceError> {
+        // SAFETY: `ptr` came from this backend's malloc on `device`.
+        self.on_device(device, || {
+            self.check("aclrtFree", unsafe { (self.f.free)(ptr as Ptr) })
+        })
+    }
+
+    fn mem_info(&self, device: DeviceIndex) -> Result<MemInfo, DeviceError> {
+        self.on_device(device, || {
+            let (mut free, mut total) = (0usize, 0usize);
+            // SAFETY: valid out-pointers; ACL_HBM_MEM is a valid attribute.
+            self.check("aclrtGetMemInfo", unsafe {
+                (self.f.get_mem_info)(ACL_HBM_MEM, &mut free, &mut total)
+            })?;
+            Ok(MemInfo { free, total })
+        })
+    }
+
+    fn current_device(&self) -> Result<DeviceIndex, DeviceError> {
+        let mut d: i32 = 0;
+        // SAFETY: valid out-pointer.
+        let rc = unsafe { (self.f.get_device)(&mut d) };
+        // No current device yet: ACL's implicit default is device 0.
+        Ok(if rc == ACL_SUCCESS {
+            d.max(0) as DeviceIndex
+        } else {
+            0
+        })
+    }
+
+    fn event_create(&self, device: DeviceIndex) -> Result<EventHandle, DeviceError> {
+        self.on_device(device, || {
+            let mut ev: Ptr = std::ptr::null_mut();
+            // SAFETY: valid out-pointer; the flag is a documented ACL event flag.
+            let (call, rc) = unsafe {
+                if let Some(f) = self.f.create_event_ex_with_flag {
+                    (
+                        "aclrtCreateEventExWithFlag",
+                        f(&mut ev, ACL_EVENT_CAPTURE_STREAM_PROGRESS),
+                    )
+                } else if let Some(f) = self.f.create_event_with_flag {
+                    (
+                        "aclrtCreateEventWithFlag",
+                        f(&mut ev, ACL_EVENT_CAPTURE_STREAM_PROGRESS),
+                    )
+                } else {
+                    ("aclrtCreateEvent", (self.f.create_event)(&mut ev))
+                }
+            };
+            self.check(call, rc)?;
+            Ok(EventHandle(ev as usize))
+        })
+    }
+
+    fn event_destroy(&self, device: DeviceIndex, event: EventHandle) -> Result<(), DeviceError> {
+        // SAFETY: the event came from event_create and is destroyed once.
+        self.on_device(device, || {
+            self.check("aclrtDestroyEvent", unsafe {
+                (self.f.destroy_event)(event.0 as Ptr)
+            })
+        })
+    }
+
+    fn event_record(
+        &self,
+        device: DeviceIndex,
+        event: EventHandle,
+        stream: StreamHandle,
+    ) -> Result<(), DeviceError> {
+        self.on_device(device, || {
+            // SAFETY: a live event of this device and the caller's stream handle.
+            self.check("aclrtRecordEvent", unsafe {
+                (self.f.record_event)(event.0 as Ptr, stream.0 as Ptr)
+            })
+        })
+    }
+
+    fn event_query(&self, device: DeviceIndex, event: EventHandle) -> Result<bool, DeviceError> {
+        self.on_device(device, || {
+            let mut status: c_int = -1;
+            if let Some(f) = self.f.query_event_status {
+                // SAFETY: live event, valid out-pointer.
+                self.check("aclrtQueryEventStatus", unsafe {
+                    f(event.0 as Ptr, &mut status)
+                })?;
+                Ok(status == RECORDED_STATUS_COMPLETE)
+            } else {
+                let f = self.f.query_event.expect("checked at load");
+                // SAFETY: live event, valid out-pointer.
+                self.check("aclrtQueryEvent", unsafe { f(event.0 as Ptr, &mut status) })?;
+                Ok(status == EVENT_STATUS_COMPLETE)
+            }
+        })
+    }
+
+    fn event_synchronize(
+        &self,
+        device: DeviceIndex,
+        event: EventHandle,
+    ) -> Result<(), DeviceError> {
+        self.on_device(device, || {
+            // SAFETY: a live event of this device.
+            self.check("aclrtSynchronizeEvent", unsafe {
+                (self.f.synchronize_event)(event.0 as Ptr)
+            })
+        })
+    }
+
+    fn stream_wait_event(
+        &self,
+        device: DeviceIndex,
+        stream: StreamHandle,
+        event: EventHandle,
+    ) -> Result<(), DeviceError> {
+        self.on_device(device, || {
+            // SAFETY: the caller's stream and a live event.
+            self.check("aclrtStreamWaitEvent", unsafe {
+                (self.f.stream_wait_event)(stream.0 as Ptr, event.0 as Ptr)
+            })
+        })
+    }
+
+    fn synchronize_device(&self, device: DeviceIndex) -> Result<(), DeviceError> {
+        // SAFETY: plain call on the current device.
+        self.on_device(device, || {
+            self.check("aclrtSynchronizeDevice", unsafe {
+                (self.f.synchronize_device)()
+            })
+        })
+    }
+}
