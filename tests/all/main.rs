@@ -1,9 +1,11 @@
 //! Integration tests of the core crate, as one test binary (one module per area).
 
+mod acl;
 mod bad_input;
 mod basic;
 mod common;
 mod cross_stream;
+mod fake_acl;
 mod faults;
 mod props;
 mod stress;
