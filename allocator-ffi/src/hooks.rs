@@ -110,6 +110,9 @@ impl Device for HookedDevice {
     fn current_device(&self) -> Result<DeviceIndex, DeviceError> {
         self.inner.current_device()
     }
+    fn request_padding(&self) -> usize {
+        self.inner.request_padding()
+    }
     fn event_create(&self, device: DeviceIndex) -> Result<EventHandle, DeviceError> {
         match self.hooks.event_create {
             Some(f) => {

@@ -12,6 +12,8 @@ use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
+use npualloc_core::device::acl::AclDevice;
+use npualloc_core::device::cuda::CudaDevice;
 use npualloc_core::device::sim::{SimConfig, SimDevice, SimMode};
 use npualloc_core::stream::TagRegistry;
 use npualloc_core::{CachingAllocator, Config, Device, Error};
@@ -60,6 +62,10 @@ pub(crate) fn parse_bytes(s: &str) -> Option<usize> {
 
 fn env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+fn unavailable(e: npualloc_core::DeviceError) -> Failure {
+    Failure::new(NPUALLOC_ERR_BACKEND_UNAVAILABLE, e.to_string())
 }
 
 fn invalid(msg: String) -> Failure {
@@ -120,14 +126,8 @@ impl Runtime {
                 let sim = sim_from_env()?;
                 (sim.clone(), Some(sim))
             }
-            "acl" | "cuda" => {
-                return Err(Failure::new(
-                    NPUALLOC_ERR_BACKEND_UNAVAILABLE,
-                    format!(
-                        "NPUALLOC_BACKEND={backend_name}: this build has no {backend_name} backend yet; use NPUALLOC_BACKEND=sim"
-                    ),
-                ))
-            }
+            "acl" => (Arc::new(AclDevice::load().map_err(unavailable)?), None),
+            "cuda" => (Arc::new(CudaDevice::load().map_err(unavailable)?), None),
             other => {
                 return Err(invalid(format!(
                     "NPUALLOC_BACKEND='{other}' is not one of acl, cuda, sim"

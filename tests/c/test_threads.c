@@ -5,6 +5,7 @@
 
 #include "npualloc.h"
 #include "check.h"
+#include "backend_ctl.h"
 
 #define THREADS 8
 #define ITERS 4000
@@ -51,7 +52,7 @@ static void *worker(void *arg) {
 
 int main(void) {
   streams[0] = NULL;
-  for (int i = 1; i < 4; i++) CHECK(npualloc_sim_create_stream(0, &streams[i]) == NPUALLOC_OK);
+  for (int i = 1; i < 4; i++) CHECK(ctl_create_stream(0, &streams[i]) == NPUALLOC_OK);
   pthread_t t[THREADS];
   for (uintptr_t i = 0; i < THREADS; i++) pthread_create(&t[i], NULL, worker, (void *)i);
   for (int i = 0; i < THREADS; i++) pthread_join(t[i], NULL);
@@ -63,8 +64,8 @@ int main(void) {
   CHECK(s.allocation[0].allocated == s.allocation[0].freed);
   CHECK(s.allocation[0].allocated > THREADS * 100);
   npualloc_empty_cache(true);
-  npualloc_sim_counters c;
-  CHECK(npualloc_sim_get_counters(0, &c) == NPUALLOC_OK);
+  ctl_counters c;
+  CHECK(ctl_get_counters(0, &c) == NPUALLOC_OK);
   CHECK(c.live_bytes == 0);
   CHECK(c.violations == 0);
   CHECK(c.events_created == c.events_destroyed);
