@@ -17,6 +17,7 @@ echo "c-header: 2 passed, 0 failed"
 link=(-L"$lib" -lnpualloc -Wl,-rpath,"$PWD/$lib" -ldl)
 cc -std=c11 "${flags[@]}" tests/c/test_abi.c "${link[@]}" -o "$out/abi"
 cc -std=c11 "${flags[@]}" -pthread tests/c/test_threads.c "${link[@]}" -o "$out/threads"
+cc -std=c11 "${flags[@]}" tests/c/test_hooks.c "${link[@]}" -o "$out/hooks"
 # The static library links too.
 cc -std=c11 "${flags[@]}" tests/c/test_abi.c "$lib/libnpualloc.a" -lpthread -ldl -lm -o "$out/abi_static"
 # The fake ACL runtime.
@@ -26,6 +27,7 @@ run_suite() {
   "$out/abi" "$out/snapshot.json"
   "$out/abi_static" "$out/snapshot2.json"
   "$out/threads"
+  "$out/hooks"
 }
 
 echo "-- sim backend --"

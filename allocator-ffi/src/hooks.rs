@@ -36,7 +36,7 @@ pub struct npualloc_runtime_hooks {
     /// Blocks until `ev` completed.
     pub event_synchronize: Option<unsafe extern "C" fn(ctx: *mut c_void, ev: *mut c_void) -> c_int>,
     /// Blocks until all work queued for `device` (including the host framework's own
-    /// task queue) has run.
+    /// task queue) has run. Also called before cached segments are freed.
     pub device_synchronize: Option<unsafe extern "C" fn(ctx: *mut c_void, device: c_int) -> c_int>,
 }
 
@@ -188,6 +188,12 @@ impl Device for HookedDevice {
         event: EventHandle,
     ) -> Result<(), DeviceError> {
         self.inner.stream_wait_event(device, stream, event)
+    }
+    fn drain_before_free(&self, device: DeviceIndex) -> Result<(), DeviceError> {
+        match self.hooks.device_synchronize {
+            Some(_) => self.synchronize_device(device),
+            None => self.inner.drain_before_free(device),
+        }
     }
     fn synchronize_device(&self, device: DeviceIndex) -> Result<(), DeviceError> {
         match self.hooks.device_synchronize {

@@ -545,6 +545,10 @@ impl State {
             .map(|(_, _, id)| id)
             .filter(|&id| !self.blocks[id].is_split())
             .collect();
+        if whole.is_empty() {
+            return Ok(());
+        }
+        dev.drain_before_free(index)?;
         let mut result = Ok(());
         for id in whole {
             if let Err(e) = self.release_block(dev, index, id) {
@@ -588,7 +592,8 @@ impl State {
         let list = pools.get(kind);
         let whole = |id: BlockId| !self.blocks[id].is_split();
         if let Some((_, _, id)) = list.best_fit(target).filter(|&(_, _, id)| whole(id)) {
-            return self.release_block(dev, index, id).is_ok();
+            return dev.drain_before_free(index).is_ok()
+                && self.release_block(dev, index, id).is_ok();
         }
         let candidates: Vec<(usize, BlockId)> = list
             .iter_desc()
@@ -596,6 +601,9 @@ impl State {
             .filter(|&(_, _, id)| whole(id))
             .map(|(s, _, id)| (s, id))
             .collect();
+        if candidates.is_empty() || dev.drain_before_free(index).is_err() {
+            return false;
+        }
         let mut released = 0;
         for (s, id) in candidates {
             if released >= target {
@@ -624,6 +632,9 @@ impl State {
             .filter(|&(_, _, id)| !self.blocks[id].is_split())
             .map(|(s, _, id)| (self.gc_calls - self.blocks[id].gc_count_base, s, id))
             .collect();
+        if candidates.is_empty() || dev.drain_before_free(index).is_err() {
+            return;
+        }
         let mut reclaimed = 0;
         while reclaimed < target && !candidates.is_empty() {
             let avg = candidates.iter().map(|c| c.0).sum::<u64>() / candidates.len() as u64;

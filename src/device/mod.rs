@@ -173,4 +173,12 @@ pub trait Device: Send + Sync {
     ) -> Result<(), DeviceError>;
     /// Blocks the host until all work on every stream of `device` has run.
     fn synchronize_device(&self, device: DeviceIndex) -> Result<(), DeviceError>;
+    /// Called before cached segments go back to the device: a host framework with its
+    /// own launch queue (torch_npu's task queue) drains it here, so no queued kernel can
+    /// touch memory being freed. The runtimes' own frees already synchronise the device,
+    /// so the default does nothing.
+    fn drain_before_free(&self, device: DeviceIndex) -> Result<(), DeviceError> {
+        let _ = device;
+        Ok(())
+    }
 }
