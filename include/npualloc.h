@@ -207,7 +207,7 @@ typedef struct {
   int (*event_synchronize)(void *ctx, void *ev);
   /**
    * Blocks until all work queued for `device` (including the host framework's own
-   * task queue) has run.
+   * task queue) has run. Also called before cached segments are freed.
    */
   int (*device_synchronize)(void *ctx, int device);
 } npualloc_runtime_hooks;
