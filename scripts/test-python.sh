@@ -4,6 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build -p npualloc-ffi
+cargo build --bin npualloc
+export NPUALLOC_BIN="$PWD/target/debug/npualloc"
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 cc -shared -fPIC -O1 -fvisibility=hidden -Wall -Wextra -Werror tests/fake_acl/fake_acl.c -lpthread -o "$out/libascendcl.so"

@@ -12,9 +12,11 @@ pub mod config;
 pub mod device;
 pub mod error;
 pub mod pool;
+pub mod replay;
 pub mod snapshot;
 pub mod stats;
 pub mod stream;
+pub mod trace;
 
 pub use allocator::CachingAllocator;
 pub use config::Config;

@@ -3,7 +3,7 @@
 
 use serde_json::{json, Value};
 
-use crate::allocator::{BlockState, CachingAllocator};
+use crate::allocator::{BlockInfo, BlockState, CachingAllocator, SegmentInfo};
 use crate::pool::PoolKind;
 
 fn state_name(s: BlockState) -> &'static str {
@@ -14,17 +14,14 @@ fn state_name(s: BlockState) -> &'static str {
     }
 }
 
-/// The snapshot of several devices' allocators as a JSON value:
-/// `{"segments": [...], "device_traces": [[...] per device]}`.
-pub fn snapshot(allocators: &[&CachingAllocator]) -> Value {
-    let mut segments = Vec::new();
-    let mut traces = Vec::new();
-    for a in allocators {
-        for seg in a.segments() {
-            let sum = |f: &dyn Fn(&crate::allocator::BlockInfo) -> bool, size: bool| -> usize {
+/// PyTorch-shaped JSON of one device's segments.
+pub fn segments_json(device: usize, segs: &[SegmentInfo]) -> Vec<Value> {
+    segs.iter()
+        .map(|seg| {
+            let sum = |keep: &dyn Fn(&BlockInfo) -> bool, size: bool| -> usize {
                 seg.blocks
                     .iter()
-                    .filter(|b| f(b))
+                    .filter(|b| keep(b))
                     .map(|b| if size { b.size } else { b.requested_size })
                     .sum()
             };
@@ -44,8 +41,8 @@ pub fn snapshot(allocators: &[&CachingAllocator]) -> Value {
                     })
                 })
                 .collect();
-            segments.push(json!({
-                "device": a.device_index(),
+            json!({
+                "device": device,
                 "address": seg.address,
                 "total_size": seg.total_size,
                 "allocated_size": allocated,
@@ -57,8 +54,18 @@ pub fn snapshot(allocators: &[&CachingAllocator]) -> Value {
                 "is_expandable": false,
                 "frames": [],
                 "blocks": blocks,
-            }));
-        }
+            })
+        })
+        .collect()
+}
+
+/// The snapshot of several devices' allocators as a JSON value:
+/// `{"segments": [...], "device_traces": [[...] per device]}`.
+pub fn snapshot(allocators: &[&CachingAllocator]) -> Value {
+    let mut segments = Vec::new();
+    let mut traces = Vec::new();
+    for a in allocators {
+        segments.extend(segments_json(a.device_index(), &a.segments()));
         traces.push(Value::Array(Vec::new()));
     }
     json!({ "segments": segments, "device_traces": traces })

@@ -3,6 +3,21 @@
 //! Every [`Stat`] keeps `current`, `peak`, `allocated` (sum of increases) and `freed`
 //! (sum of decreases); arrays are indexed by [`StatType`].
 
+/// Formats bytes as PyTorch does: "N bytes" up to 1 KiB, else "x.xx KiB/MiB/GiB".
+pub fn format_size(bytes: usize) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    if bytes <= 1024 {
+        return format!("{bytes} bytes");
+    }
+    let mut v = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while v >= 1024.0 && unit < UNITS.len() - 1 {
+        v /= 1024.0;
+        unit += 1;
+    }
+    format!("{v:.2} {}", UNITS[unit])
+}
+
 /// Which pool a statistic counts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(usize)]
@@ -153,6 +168,14 @@ impl DeviceStats {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes_format_like_pytorch() {
+        assert_eq!(format_size(1024), "1024 bytes");
+        assert_eq!(format_size(2048), "2.00 KiB");
+        assert_eq!(format_size(20 << 20), "20.00 MiB");
+        assert_eq!(format_size(3 << 30), "3.00 GiB");
+    }
 
     #[test]
     fn stat_tracks_peak_and_totals() {

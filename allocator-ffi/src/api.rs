@@ -7,6 +7,7 @@ use npualloc_core::{Config, Error, StreamHandle};
 use crate::error::*;
 use crate::hooks::{self, npualloc_runtime_hooks};
 use crate::panic::{code, or_default};
+use crate::record::recorder;
 use crate::runtime::{configure, runtime, set_hooks};
 use crate::types::{npualloc_device_stats, npualloc_stream};
 
@@ -51,6 +52,9 @@ pub extern "C" fn npualloc_malloc(
         let ptr = runtime()?
             .allocator(device)?
             .malloc(size, to_stream(stream))?;
+        if let Some(r) = recorder() {
+            r.alloc(ptr, size, stream as usize);
+        }
         Ok(ptr as *mut c_void)
     })
 }
@@ -75,6 +79,9 @@ pub extern "C" fn npualloc_free(
         let owner = rt
             .owner_of(ptr as usize, Some(device))
             .ok_or(Error::UnknownPointer { ptr: ptr as usize })?;
+        if let Some(r) = recorder() {
+            r.free(ptr as usize);
+        }
         Ok(owner.free(ptr as usize)?)
     })
 }
@@ -91,6 +98,9 @@ pub extern "C" fn npualloc_init(device: c_int) {
 
 fn empty_all() -> Result<(), Failure> {
     let rt = runtime()?;
+    if let Some(r) = recorder() {
+        r.flush();
+    }
     let mut first = Ok(());
     for a in rt.existing() {
         if let Err(e) = a.empty_cache() {
@@ -161,7 +171,11 @@ pub(crate) fn record(ptr: *mut c_void, s: StreamHandle) -> Result<(), Failure> {
     let owner = rt
         .owner_of(p, None)
         .ok_or(Error::UnknownPointer { ptr: p })?;
-    Ok(owner.record_stream(p, s)?)
+    owner.record_stream(p, s)?;
+    if let Some(r) = recorder() {
+        r.record(p, s.0);
+    }
+    Ok(())
 }
 
 /// Forgets a use of `ptr` on `stream` recorded earlier (torch_npu's `erase_stream`).
@@ -219,6 +233,9 @@ pub extern "C" fn npualloc_configure(conf: *const c_char) -> c_int {
 #[no_mangle]
 pub extern "C" fn npualloc_empty_cache_device(device: c_int) -> c_int {
     code("npualloc_empty_cache_device", || {
+        if let Some(r) = recorder() {
+            r.flush();
+        }
         Ok(runtime()?.allocator(device)?.empty_cache()?)
     })
 }

@@ -18,6 +18,7 @@ mod api;
 mod error;
 mod hooks;
 mod panic;
+mod record;
 mod runtime;
 mod sim_api;
 mod tags;

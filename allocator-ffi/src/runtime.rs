@@ -5,7 +5,8 @@
 //! (`acl` | `cuda` | `sim`, default `acl`), `NPUALLOC_CONF` or else
 //! `PYTORCH_NPU_ALLOC_CONF`, and for the simulated device `NPUALLOC_SIM_CAPACITY`
 //! (bytes, `K`/`M`/`G` suffixes; default 64G), `NPUALLOC_SIM_DEVICES` (default 1) and
-//! `NPUALLOC_SIM_MODE` (`threaded` | `manual`, default `threaded`).
+//! `NPUALLOC_SIM_MODE` (`threaded` | `manual`, default `threaded`); `NPUALLOC_TRACE`
+//! (record a trace of every call to that file).
 
 use std::ffi::c_int;
 use std::sync::{Arc, OnceLock};
@@ -112,6 +113,7 @@ fn sim_from_env() -> Result<Arc<SimDevice>, Failure> {
 
 impl Runtime {
     fn create() -> Result<Runtime, Failure> {
+        crate::record::init()?;
         let pre = std::mem::take(&mut *PRE.lock());
         let config = match pre.config {
             Some(c) => c,

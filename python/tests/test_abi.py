@@ -231,6 +231,75 @@ class Threads(unittest.TestCase):
         self.assertEqual(counters().violations, 0)
 
 
+NPUALLOC_BIN = os.environ.get("NPUALLOC_BIN")
+
+WORKLOAD = r"""
+import ctypes, random, sys
+sys.path.insert(0, sys.argv[1])
+import npualloc
+lib = npualloc.load()
+rnd = random.Random(7)
+live, cur, peak = [], 0, 0
+for _ in range(3000):
+    if len(live) < 40 and rnd.random() < 0.55:
+        n = rnd.choice([rnd.randint(1, 4096), rnd.randint(1, 3 << 20), rnd.randint(1, 40 << 20)])
+        p = lib.npualloc_malloc(n, 0, None)
+        assert p, npualloc.last_error()
+        if rnd.random() < 0.1:
+            lib.npualloc_record_stream(p, None)
+        live.append((p, n)); cur += n; peak = max(peak, cur)
+    elif live:
+        p, n = live.pop(rnd.randrange(len(live)))
+        lib.npualloc_free(p, n, 0, None); cur -= n
+lib.npualloc_free(12345, 0, 0, None)  # a bad free is not recorded
+npualloc.empty_cache()                 # flushes the trace
+print(peak)
+"""
+
+
+@unittest.skipUnless(NPUALLOC_BIN, "NPUALLOC_BIN (the npualloc command) not set")
+class TraceTools(unittest.TestCase):
+    def test_recorded_trace_replays_to_the_same_peak(self):
+        import subprocess
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "rec.trace")
+            env = dict(os.environ, NPUALLOC_TRACE=path)
+            here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+            peak = int(subprocess.run([sys.executable, "-c", WORKLOAD, here], env=env, check=True,
+                                      capture_output=True, text=True).stdout.strip())
+            with open(path) as f:
+                text = f.read()
+            self.assertTrue(text.startswith("# npualloc-trace v1"))
+            self.assertGreater(text.count("\na "), 1000)
+            out = subprocess.run([NPUALLOC_BIN, "replay", path, "--json"], check=True,
+                                 capture_output=True, text=True).stdout
+            report = json.loads(out)[0]
+            self.assertEqual(report["peak_requested"], peak)
+            self.assertEqual(report["reserved_after_drain"], 0)
+
+    def test_pickle_snapshot_converts(self):
+        import pickle
+        import subprocess
+        entries = [
+            {"action": "segment_alloc", "addr": 0x7000, "size": 2 << 20, "stream": 0, "frames": [], "time_us": 0},
+            {"action": "alloc", "addr": 0x7000, "size": 100, "stream": 0, "frames": [], "time_us": 1},
+            {"action": "alloc", "addr": 0x9000, "size": 300, "stream": 0xBEEF, "frames": [], "time_us": 2},
+            {"action": "free_requested", "addr": 0x7000, "size": 100, "stream": 0, "frames": [], "time_us": 3},
+            {"action": "free_completed", "addr": 0x7000, "size": 100, "stream": 0, "frames": [], "time_us": 4},
+            {"action": "alloc", "addr": 0x7000, "size": 50, "stream": 0, "frames": [], "time_us": 5},
+            {"action": "free_completed", "addr": 0x9000, "size": 300, "stream": 0xBEEF, "frames": [], "time_us": 6},
+        ]
+        snap = {"segments": [], "device_traces": [entries]}
+        with tempfile.TemporaryDirectory() as d:
+            src, dst = os.path.join(d, "s.pickle"), os.path.join(d, "s.trace")
+            with open(src, "wb") as f:
+                pickle.dump(snap, f)
+            subprocess.run([NPUALLOC_BIN, "convert", src, "-o", dst], check=True, capture_output=True)
+            with open(dst) as f:
+                lines = [l for l in f.read().splitlines() if not l.startswith("#")]
+        self.assertEqual(lines, ["a 0 100 0", "a 1 300 1", "f 0", "a 2 50 0", "f 1"])
+
+
 class Installer(unittest.TestCase):
     def tearDown(self):
         remove_standins()

@@ -27,6 +27,15 @@ use state::State;
 
 pub use state::{BlockInfo, BlockState, SegmentInfo};
 
+/// Current memory use of one allocator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Usage {
+    /// Bytes of live allocations (rounded block sizes).
+    pub allocated: usize,
+    /// Device bytes held.
+    pub reserved: usize,
+}
+
 /// A thread-safe caching allocator for one device.
 pub struct CachingAllocator {
     device: Arc<dyn Device>,
@@ -137,6 +146,15 @@ impl CachingAllocator {
     /// A copy of the statistics.
     pub fn stats(&self) -> DeviceStats {
         self.state.lock().stats_snapshot()
+    }
+
+    /// Current allocated and reserved bytes (cheaper than [`CachingAllocator::stats`]).
+    pub fn usage(&self) -> Usage {
+        let st = self.state.lock();
+        Usage {
+            allocated: st.stats.allocated_bytes[0].current.max(0) as usize,
+            reserved: st.reserved,
+        }
     }
 
     /// Sets every peak statistic to its current value.

@@ -1,22 +1,7 @@
 //! The out-of-memory message, worded like torch_npu's.
 
 use crate::device::{DeviceIndex, MemInfo};
-use crate::stats::DeviceStats;
-
-/// Formats bytes as PyTorch does: "N bytes" up to 1 KiB, else "x.xx KiB/MiB/GiB".
-pub fn format_size(bytes: usize) -> String {
-    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
-    if bytes <= 1024 {
-        return format!("{bytes} bytes");
-    }
-    let mut v = bytes as f64 / 1024.0;
-    let mut unit = 0;
-    while v >= 1024.0 && unit < UNITS.len() - 1 {
-        v /= 1024.0;
-        unit += 1;
-    }
-    format!("{v:.2} {}", UNITS[unit])
-}
+use crate::stats::{format_size, DeviceStats};
 
 pub(super) fn message(
     device: DeviceIndex,
@@ -49,17 +34,4 @@ pub(super) fn message(
         format_size(allocated),
         format_size(reserved.saturating_sub(allocated)),
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::format_size;
-
-    #[test]
-    fn sizes_format_like_pytorch() {
-        assert_eq!(format_size(1024), "1024 bytes");
-        assert_eq!(format_size(2048), "2.00 KiB");
-        assert_eq!(format_size(20 << 20), "20.00 MiB");
-        assert_eq!(format_size(3 << 30), "3.00 GiB");
-    }
 }

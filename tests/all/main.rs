@@ -8,4 +8,5 @@ mod cross_stream;
 mod fake_acl;
 mod faults;
 mod props;
+mod replay;
 mod stress;

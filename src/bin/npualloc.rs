@@ -1,0 +1,359 @@
+//! `npualloc`: replay allocation traces through the allocator on the simulated device,
+//! and convert PyTorch / torch_npu memory snapshots into traces.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde_json::{json, Value};
+
+use npualloc::replay::{self, svg, ReplayOptions, ReplayReport};
+use npualloc::snapshot::segments_json;
+use npualloc::stats::format_size;
+use npualloc::trace::{self, Trace};
+
+#[derive(Parser)]
+#[command(
+    name = "npualloc",
+    version,
+    about = "npualloc caching allocator tools (simulated device)"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Replay traces (.trace, or PyTorch snapshot .pickle) and report fragmentation and speed.
+    Replay {
+        /// Trace files.
+        #[arg(required = true)]
+        traces: Vec<PathBuf>,
+        /// Allocator settings (PyTorch syntax); repeat to compare side by side.
+        #[arg(long = "conf")]
+        confs: Vec<String>,
+        /// Simulated device capacity (bytes, or with K/M/G/T).
+        #[arg(long, default_value = "64G")]
+        capacity: String,
+        /// Print the results as JSON.
+        #[arg(long)]
+        json: bool,
+        /// Write the picture (SVG); several traces or settings add a suffix per run.
+        #[arg(long)]
+        svg: Option<PathBuf>,
+        /// Write an HTML page with the table and the picture.
+        #[arg(long)]
+        html: Option<PathBuf>,
+        /// Write the allocator's state at peak reserved, in PyTorch's _snapshot() shape (JSON).
+        #[arg(long)]
+        snapshot: Option<PathBuf>,
+        /// Device trace to read from a snapshot pickle (default: the first with events).
+        #[arg(long)]
+        device: Option<usize>,
+        /// No progress bar.
+        #[arg(long, short)]
+        quiet: bool,
+    },
+    /// Convert a PyTorch / torch_npu memory snapshot pickle into a text trace.
+    Convert {
+        /// The snapshot (`torch.npu.memory._dump_snapshot()` output).
+        snapshot: PathBuf,
+        /// Output trace file.
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Device trace to convert (default: the first with events).
+        #[arg(long)]
+        device: Option<usize>,
+    },
+}
+
+fn parse_capacity(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let (num, mult) = match t.chars().last() {
+        Some('K' | 'k') => (&t[..t.len() - 1], 1usize << 10),
+        Some('M' | 'm') => (&t[..t.len() - 1], 1 << 20),
+        Some('G' | 'g') => (&t[..t.len() - 1], 1 << 30),
+        Some('T' | 't') => (&t[..t.len() - 1], 1 << 40),
+        _ => (t, 1),
+    };
+    num.parse::<usize>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .filter(|&n| n > 0)
+        .ok_or_else(|| format!("--capacity '{s}' is not a size such as 64G or 1073741824"))
+}
+
+fn load(path: &Path, device: Option<usize>) -> Result<Trace, String> {
+    let name = path.display().to_string();
+    let bytes = std::fs::read(path).map_err(|e| format!("{name}: cannot read: {e}"))?;
+    let trace = if path
+        .extension()
+        .is_some_and(|e| e == "pickle" || e == "pkl")
+    {
+        trace::pickle::from_snapshot(&bytes, &name, device)
+    } else {
+        let text = String::from_utf8(bytes)
+            .map_err(|_| format!("{name}: not UTF-8 text (a .trace file is text)"))?;
+        trace::parse(&text, &name)
+    };
+    trace.map_err(|e| e.to_string())
+}
+
+/// A bar that stays hidden until `run_one` decides to show it.
+fn progress_bar(len: usize) -> ProgressBar {
+    let bar = ProgressBar::with_draw_target(Some(len as u64), ProgressDrawTarget::hidden());
+    bar.set_style(
+        ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} events ({per_sec})")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    bar
+}
+
+fn run_one(trace: &Trace, opts: &ReplayOptions, quiet: bool) -> Result<ReplayReport, String> {
+    let bar = progress_bar(trace.ops.len());
+    bar.set_message(trace.name.clone());
+    let start = Instant::now();
+    let show = !quiet && std::io::stderr().is_terminal();
+    let mut shown = false;
+    let report = replay::replay(trace, opts, |done| {
+        // Only traces that take over a second of work get a bar.
+        if show && !shown && start.elapsed() > Duration::from_secs(1) {
+            bar.set_draw_target(ProgressDrawTarget::stderr());
+            shown = true;
+        }
+        bar.set_position(done as u64);
+    })
+    .map_err(|e| format!("{}: {e}", trace.name))?;
+    bar.finish_and_clear();
+    if let Err(e) = &report.invariants {
+        return Err(format!(
+            "{}: allocator invariant broken after replay: {e}",
+            trace.name
+        ));
+    }
+    Ok(report)
+}
+
+fn bytes(n: u64) -> String {
+    format!("{} ({n})", format_size(n as usize))
+}
+
+/// Formats one table cell of a report.
+type Cell = fn(&ReplayReport) -> String;
+
+fn table(reports: &[ReplayReport]) -> String {
+    let label = |r: &ReplayReport| {
+        if r.conf.is_empty() {
+            "default".to_string()
+        } else {
+            r.conf.clone()
+        }
+    };
+    let rows: Vec<(&str, Cell)> = vec![
+        ("events", |r| r.events.to_string()),
+        ("allocations", |r| r.allocations.to_string()),
+        ("peak requested", |r| bytes(r.peak_requested)),
+        ("peak allocated", |r| bytes(r.peak_allocated)),
+        ("peak reserved", |r| bytes(r.peak_reserved)),
+        ("reserved / requested", |r| format!("{:.3}", r.ratio())),
+        ("device mallocs", |r| r.device_mallocs.to_string()),
+        ("device frees", |r| r.device_frees.to_string()),
+        ("retries", |r| r.retries.to_string()),
+        ("OOMs", |r| r.ooms.to_string()),
+        ("replay speed", |r| {
+            format!("{:.2} M events/s", r.events_per_sec() / 1e6)
+        }),
+    ];
+    let cols: Vec<Vec<String>> = reports
+        .iter()
+        .map(|r| {
+            std::iter::once(label(r))
+                .chain(rows.iter().map(|(_, f)| f(r)))
+                .collect()
+        })
+        .collect();
+    let widths: Vec<usize> = cols
+        .iter()
+        .map(|c| c.iter().map(|s| s.len()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for i in 0..=rows.len() {
+        let name = if i == 0 { "" } else { rows[i - 1].0 };
+        out.push_str(&format!("  {name:<22}"));
+        for (c, w) in cols.iter().zip(&widths) {
+            out.push_str(&format!("  {:>w$}", c[i], w = *w));
+        }
+        out.push('\n');
+    }
+    out
+}
+
+fn report_json(r: &ReplayReport) -> Value {
+    json!({
+        "trace": r.name, "conf": r.conf, "events": r.events, "allocations": r.allocations,
+        "peak_requested": r.peak_requested, "peak_allocated": r.peak_allocated,
+        "peak_reserved": r.peak_reserved, "reserved_over_requested": r.ratio(),
+        "device_mallocs": r.device_mallocs, "device_frees": r.device_frees,
+        "retries": r.retries, "ooms": r.ooms, "seconds": r.seconds,
+        "events_per_sec": r.events_per_sec(),
+        "empty_segment_bytes_at_peak": svg::empty_segment_bytes(&r.peak_segments),
+        "reserved_after_drain": r.reserved_after_drain,
+    })
+}
+
+fn snapshot_json(r: &ReplayReport) -> Value {
+    let traces: Vec<Value> = r
+        .actions
+        .iter()
+        .map(|a| json!({"action": a.action, "addr": a.addr, "size": a.size, "stream": a.stream, "time_us": a.event, "frames": []}))
+        .collect();
+    json!({ "segments": segments_json(0, &r.peak_segments), "device_traces": [traces] })
+}
+
+/// `out.svg` for the first run, `out-<trace>-<n>.svg` when there are several.
+fn numbered(path: &Path, r: &ReplayReport, index: usize, many: bool) -> PathBuf {
+    if !many {
+        return path.to_path_buf();
+    }
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let trace = Path::new(&r.name)
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let ext = path
+        .extension()
+        .map(|e| e.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    path.with_file_name(format!("{stem}-{trace}-{index}.{ext}"))
+}
+
+fn write(path: &Path, content: &str) -> Result<(), String> {
+    std::fs::write(path, content).map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+fn html_page(reports: &[ReplayReport]) -> String {
+    let mut body = String::new();
+    for r in reports {
+        body.push_str(&format!(
+            "<h2>{}</h2>\n<pre>{}</pre>\n{}\n",
+            r.name,
+            table(std::slice::from_ref(r)),
+            svg::render(r)
+        ));
+    }
+    format!(
+        "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>npualloc replay</title>\
+         <style>body{{font-family:Helvetica,Arial,sans-serif;margin:24px}}pre{{font-size:13px}}</style></head>\
+         <body><h1>npualloc replay (simulated device)</h1>\n{body}</body></html>\n"
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn replay_cmd(
+    traces: Vec<PathBuf>,
+    mut confs: Vec<String>,
+    capacity: &str,
+    json_out: bool,
+    svg_path: Option<PathBuf>,
+    html: Option<PathBuf>,
+    snapshot: Option<PathBuf>,
+    device: Option<usize>,
+    quiet: bool,
+) -> Result<(), String> {
+    let capacity = parse_capacity(capacity)?;
+    if confs.is_empty() {
+        confs.push(String::new());
+    }
+    let detail = svg_path.is_some() || html.is_some() || snapshot.is_some();
+    let many = traces.len() * confs.len() > 1;
+    let mut all = Vec::new();
+    let mut index = 0;
+    for path in &traces {
+        let trace = load(path, device)?;
+        let mut reports = Vec::new();
+        for conf in &confs {
+            let opts = ReplayOptions {
+                conf: conf.clone(),
+                capacity,
+                detail,
+            };
+            let r = run_one(&trace, &opts, quiet)?;
+            if let Some(p) = &svg_path {
+                write(&numbered(p, &r, index, many), &svg::render(&r))?;
+            }
+            if let Some(p) = &snapshot {
+                write(
+                    &numbered(p, &r, index, many),
+                    &snapshot_json(&r).to_string(),
+                )?;
+            }
+            index += 1;
+            reports.push(r);
+        }
+        if !json_out {
+            println!(
+                "{} ({} events)\n{}",
+                trace.name,
+                trace.ops.len(),
+                table(&reports)
+            );
+        }
+        all.extend(reports);
+    }
+    if json_out {
+        let v: Vec<Value> = all.iter().map(report_json).collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&v).expect("serialisable")
+        );
+    }
+    if let Some(p) = &html {
+        write(p, &html_page(&all))?;
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Replay {
+            traces,
+            confs,
+            capacity,
+            json,
+            svg,
+            html,
+            snapshot,
+            device,
+            quiet,
+        } => replay_cmd(
+            traces, confs, &capacity, json, svg, html, snapshot, device, quiet,
+        ),
+        Command::Convert {
+            snapshot,
+            output,
+            device,
+        } => load(&snapshot, device).and_then(|t| {
+            let mut out = Vec::new();
+            t.write_to(&mut out).map_err(|e| e.to_string())?;
+            write(&output, &String::from_utf8_lossy(&out))?;
+            eprintln!("wrote {} events to {}", t.ops.len(), output.display());
+            Ok(())
+        }),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}

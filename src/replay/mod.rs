@@ -1,0 +1,281 @@
+//! Replays a trace through the allocator on the simulated device (unbacked memory,
+//! manual stream completion following the trace's `s` lines), measuring fragmentation
+//! and speed.
+//!
+//! Stream semantics: work on a stream counts as pending from an `r` on it until the
+//! next `s` for it; a free's event on a stream with no pending work completes at once.
+
+pub mod svg;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::allocator::SegmentInfo;
+use crate::device::sim::{SimConfig, SimDevice, SimMode};
+use crate::trace::{Op, Trace};
+use crate::{CachingAllocator, Config, Error, StreamHandle};
+
+/// Replay settings.
+#[derive(Clone, Debug)]
+pub struct ReplayOptions {
+    /// Allocator settings string (PyTorch syntax).
+    pub conf: String,
+    /// Simulated device capacity in bytes.
+    pub capacity: usize,
+    /// Record the usage timeline and the segment map at peak (for pictures).
+    pub detail: bool,
+}
+
+impl Default for ReplayOptions {
+    fn default() -> Self {
+        ReplayOptions {
+            conf: String::new(),
+            capacity: 64 << 30,
+            detail: false,
+        }
+    }
+}
+
+/// Usage after one event.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Sample {
+    /// Event index.
+    pub event: usize,
+    /// Requested bytes of live allocations.
+    pub requested: u64,
+    /// Allocated (rounded) bytes.
+    pub allocated: u64,
+    /// Reserved device bytes.
+    pub reserved: u64,
+}
+
+/// What a replay measured.
+#[derive(Clone, Debug)]
+pub struct ReplayReport {
+    /// Trace name.
+    pub name: String,
+    /// Settings used.
+    pub conf: String,
+    /// Events replayed.
+    pub events: usize,
+    /// Allocation events.
+    pub allocations: usize,
+    /// Largest sum of requested bytes of live allocations.
+    pub peak_requested: u64,
+    /// Peak allocated (rounded block) bytes.
+    pub peak_allocated: u64,
+    /// Peak reserved device bytes.
+    pub peak_reserved: u64,
+    /// Device allocations made.
+    pub device_mallocs: u64,
+    /// Device frees made.
+    pub device_frees: u64,
+    /// Allocations that needed the cache released and a retry.
+    pub retries: u64,
+    /// Allocations that failed with out of memory.
+    pub ooms: u64,
+    /// Wall time of the replay loop.
+    pub seconds: f64,
+    /// Usage over time (only with `detail`).
+    pub timeline: Vec<Sample>,
+    /// Segments at the moment of peak reserved (only with `detail`).
+    pub peak_segments: Vec<SegmentInfo>,
+    /// Event index of peak reserved.
+    pub peak_event: usize,
+    /// Allocator actions in PyTorch's trace vocabulary (only with `detail`).
+    pub actions: Vec<Action>,
+    /// Reserved bytes left after freeing everything and emptying the cache.
+    pub reserved_after_drain: u64,
+    /// Result of the invariant check at the end (before draining).
+    pub invariants: Result<(), String>,
+}
+
+impl ReplayReport {
+    /// Peak reserved / peak requested.
+    pub fn ratio(&self) -> f64 {
+        if self.peak_requested == 0 {
+            0.0
+        } else {
+            self.peak_reserved as f64 / self.peak_requested as f64
+        }
+    }
+
+    /// Events per second of the replay loop.
+    pub fn events_per_sec(&self) -> f64 {
+        self.events as f64 / self.seconds.max(1e-9)
+    }
+}
+
+/// One allocator action, as PyTorch's snapshot `device_traces` record them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Action {
+    /// `alloc` or `free_requested`.
+    pub action: &'static str,
+    /// Address.
+    pub addr: usize,
+    /// Requested bytes.
+    pub size: u64,
+    /// Stream handle.
+    pub stream: usize,
+    /// Event index (stands in for `time_us`).
+    pub event: usize,
+}
+
+struct Live {
+    ptr: usize,
+    stream: usize,
+    size: u64,
+    uses: Vec<u32>,
+}
+
+/// Replays `trace`; `progress` is called every 4096 events with the count done.
+pub fn replay(
+    trace: &Trace,
+    opts: &ReplayOptions,
+    mut progress: impl FnMut(usize),
+) -> Result<ReplayReport, Error> {
+    let config = Config::parse(&opts.conf)?;
+    let sim = SimDevice::new(SimConfig {
+        devices: 1,
+        capacity: opts.capacity,
+        backed: false,
+        mode: SimMode::Manual,
+    });
+    let alloc = CachingAllocator::new(sim.clone(), 0, config)?;
+    let mut streams: HashMap<u32, StreamHandle> = HashMap::from([(0, StreamHandle::DEFAULT)]);
+    let mut pending: HashMap<u32, bool> = HashMap::new();
+    let mut live: HashMap<u64, Live> = HashMap::with_capacity(1024);
+    let mut stream_of = |label: u32, sim: &Arc<SimDevice>| -> Result<StreamHandle, Error> {
+        if let Some(s) = streams.get(&label) {
+            return Ok(*s);
+        }
+        let s = sim.create_stream(0)?;
+        streams.insert(label, s);
+        Ok(s)
+    };
+
+    let (mut requested, mut peak_requested, mut allocations) = (0u64, 0u64, 0usize);
+    let (mut peak_reserved_seen, mut peak_event) = (0u64, 0usize);
+    let mut timeline = Vec::new();
+    let mut peak_segments = Vec::new();
+    let mut actions = Vec::new();
+    let start = Instant::now();
+    for (i, op) in trace.ops.iter().enumerate() {
+        match *op {
+            Op::Alloc { id, size, stream } => {
+                allocations += 1;
+                let s = stream_of(stream, &sim)?;
+                match alloc.malloc(size as usize, s) {
+                    Ok(ptr) => {
+                        if opts.detail {
+                            actions.push(Action {
+                                action: "alloc",
+                                addr: ptr,
+                                size,
+                                stream: s.0,
+                                event: i,
+                            });
+                        }
+                        live.insert(
+                            id,
+                            Live {
+                                ptr,
+                                stream: s.0,
+                                size,
+                                uses: Vec::new(),
+                            },
+                        );
+                        requested += size;
+                        peak_requested = peak_requested.max(requested);
+                    }
+                    Err(Error::OutOfMemory { .. }) | Err(Error::ZeroSize) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Op::Free { id } => {
+                if let Some(l) = live.remove(&id) {
+                    alloc.free(l.ptr)?;
+                    if opts.detail {
+                        actions.push(Action {
+                            action: "free_requested",
+                            addr: l.ptr,
+                            size: l.size,
+                            stream: l.stream,
+                            event: i,
+                        });
+                    }
+                    requested -= l.size;
+                    for label in l.uses {
+                        if !pending.get(&label).copied().unwrap_or(false) {
+                            sim.complete_stream(0, stream_of(label, &sim)?)?;
+                        }
+                    }
+                }
+            }
+            Op::Record { id, stream } => {
+                let s = stream_of(stream, &sim)?;
+                if let Some(l) = live.get_mut(&id) {
+                    alloc.record_stream(l.ptr, s)?;
+                    l.uses.push(stream);
+                    pending.insert(stream, true);
+                }
+            }
+            Op::Sync { stream } => {
+                let s = stream_of(stream, &sim)?;
+                sim.complete_stream(0, s)?;
+                pending.insert(stream, false);
+            }
+        }
+        if opts.detail {
+            let u = alloc.usage();
+            timeline.push(Sample {
+                event: i,
+                requested,
+                allocated: u.allocated as u64,
+                reserved: u.reserved as u64,
+            });
+            if u.reserved as u64 > peak_reserved_seen {
+                peak_reserved_seen = u.reserved as u64;
+                peak_event = i;
+                peak_segments = alloc.segments();
+            }
+        }
+        if i % 4096 == 4095 {
+            progress(i + 1);
+        }
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    progress(trace.ops.len());
+    let stats = alloc.stats();
+    let invariants = alloc.check_invariants();
+
+    // Drain: free what the trace left live, let every stream finish, empty the cache.
+    for (_, l) in live.drain() {
+        alloc.free(l.ptr)?;
+    }
+    for s in streams.values() {
+        sim.complete_stream(0, *s)?;
+    }
+    alloc.empty_cache()?;
+    Ok(ReplayReport {
+        name: trace.name.clone(),
+        conf: opts.conf.clone(),
+        events: trace.ops.len(),
+        allocations,
+        peak_requested,
+        peak_allocated: stats.allocated_bytes[0].peak as u64,
+        peak_reserved: stats.reserved_bytes[0].peak as u64,
+        device_mallocs: stats.num_device_alloc as u64,
+        device_frees: stats.num_device_free as u64,
+        retries: stats.num_alloc_retries as u64,
+        ooms: stats.num_ooms as u64,
+        seconds,
+        timeline,
+        peak_segments,
+        peak_event,
+        actions,
+        reserved_after_drain: alloc.usage().reserved as u64,
+        invariants,
+    })
+}

@@ -1,0 +1,263 @@
+//! Allocation traces: the text format (`.trace`), its parser and writer, and
+//! conversion from PyTorch / torch_npu memory snapshots.
+//!
+//! ```text
+//! # npualloc-trace v1 ...        first line; '#' starts a comment anywhere
+//! a <id> <bytes> <stream>         allocate; id unique per allocation; stream 0 = default
+//! f <id>                          free (on the stream it was allocated on)
+//! r <id> <stream>                 that allocation was used on another stream
+//! s <stream>                      all work queued so far on that stream has completed
+//! ```
+
+#[cfg(feature = "cli")]
+pub mod pickle;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::io::Write;
+
+/// One trace event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// `a id bytes stream`
+    Alloc {
+        /// Allocation id.
+        id: u64,
+        /// Requested bytes.
+        size: u64,
+        /// Stream label.
+        stream: u32,
+    },
+    /// `f id`
+    Free {
+        /// Allocation id.
+        id: u64,
+    },
+    /// `r id stream`
+    Record {
+        /// Allocation id.
+        id: u64,
+        /// Stream label.
+        stream: u32,
+    },
+    /// `s stream`
+    Sync {
+        /// Stream label.
+        stream: u32,
+    },
+}
+
+/// A parsed, validated trace.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Trace {
+    /// Where it came from (file name).
+    pub name: String,
+    /// Events in order.
+    pub ops: Vec<Op>,
+}
+
+/// A malformed trace: file, line and what was expected.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{file}:{line}: {message}")]
+pub struct TraceError {
+    /// File name.
+    pub file: String,
+    /// 1-based line number (0 when the error is about the whole file).
+    pub line: usize,
+    /// What is wrong.
+    pub message: String,
+}
+
+/// Header line written at the top of every trace.
+pub const HEADER: &str = "# npualloc-trace v1";
+
+/// Tracks live ids while parsing or writing, to reject inconsistent traces.
+#[derive(Default)]
+struct Liveness {
+    state: HashMap<u64, bool>, // id -> live?
+}
+
+impl Liveness {
+    fn alloc(&mut self, id: u64) -> Result<(), String> {
+        if self.state.insert(id, true).is_some() {
+            return Err(format!(
+                "duplicate allocation id {id} (ids are unique per allocation)"
+            ));
+        }
+        Ok(())
+    }
+
+    fn use_live(&mut self, id: u64, what: &str, free: bool) -> Result<(), String> {
+        match self.state.get_mut(&id) {
+            None => Err(format!("{what} of unknown id {id} (never allocated)")),
+            Some(false) => Err(format!("{what} of id {id}, which was already freed")),
+            Some(live) => {
+                if free {
+                    *live = false;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+fn num<T: std::str::FromStr>(tok: Option<&str>, what: &str) -> Result<T, String> {
+    let t = tok.ok_or_else(|| format!("missing {what}"))?;
+    if t.starts_with('-') {
+        return Err(format!(
+            "{what} '{t}' is negative; expected a non-negative integer"
+        ));
+    }
+    t.parse()
+        .map_err(|_| format!("{what} '{t}' is not a non-negative integer"))
+}
+
+fn parse_line(line: &str, live: &mut Liveness) -> Result<Option<Op>, String> {
+    let line = line.split('#').next().unwrap_or("").trim();
+    if line.is_empty() {
+        return Ok(None);
+    }
+    let mut it = line.split_ascii_whitespace();
+    let op = it.next().unwrap_or("");
+    let parsed = match op {
+        "a" => {
+            let id = num(it.next(), "allocation id")?;
+            let size: u64 = num(it.next(), "size in bytes")?;
+            let stream = num(it.next(), "stream")?;
+            live.alloc(id)?;
+            Op::Alloc { id, size, stream }
+        }
+        "f" => {
+            let id = num(it.next(), "allocation id")?;
+            live.use_live(id, "free", true)?;
+            Op::Free { id }
+        }
+        "r" => {
+            let id = num(it.next(), "allocation id")?;
+            let stream = num(it.next(), "stream")?;
+            live.use_live(id, "record", false)?;
+            Op::Record { id, stream }
+        }
+        "s" => Op::Sync { stream: num(it.next(), "stream")? },
+        other => {
+            return Err(format!(
+                "unknown operation '{other}'; expected 'a <id> <bytes> <stream>', 'f <id>', 'r <id> <stream>' or 's <stream>'"
+            ))
+        }
+    };
+    if let Some(extra) = it.next() {
+        return Err(format!(
+            "unexpected '{extra}' after a complete '{op}' event"
+        ));
+    }
+    Ok(Some(parsed))
+}
+
+/// Parses and validates a text trace; `name` is used in error messages.
+pub fn parse(text: &str, name: &str) -> Result<Trace, TraceError> {
+    let mut live = Liveness::default();
+    let mut ops = Vec::with_capacity(text.len() / 12);
+    for (i, line) in text.lines().enumerate() {
+        match parse_line(line, &mut live) {
+            Ok(Some(op)) => ops.push(op),
+            Ok(None) => {}
+            Err(message) => {
+                return Err(TraceError {
+                    file: name.to_owned(),
+                    line: i + 1,
+                    message,
+                })
+            }
+        }
+    }
+    Ok(Trace {
+        name: name.to_owned(),
+        ops,
+    })
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Op::Alloc { id, size, stream } => write!(f, "a {id} {size} {stream}"),
+            Op::Free { id } => write!(f, "f {id}"),
+            Op::Record { id, stream } => write!(f, "r {id} {stream}"),
+            Op::Sync { stream } => write!(f, "s {stream}"),
+        }
+    }
+}
+
+impl Trace {
+    /// Writes the trace in the text format.
+    pub fn write_to(&self, out: &mut impl Write) -> std::io::Result<()> {
+        writeln!(
+            out,
+            "{HEADER} source={} events={}",
+            self.name,
+            self.ops.len()
+        )?;
+        for op in &self.ops {
+            writeln!(out, "{op}")?;
+        }
+        Ok(())
+    }
+
+    /// Largest sum of requested bytes of live allocations over the trace.
+    pub fn peak_requested(&self) -> u64 {
+        let mut sizes = HashMap::new();
+        let (mut cur, mut peak) = (0u64, 0u64);
+        for op in &self.ops {
+            match *op {
+                Op::Alloc { id, size, .. } => {
+                    sizes.insert(id, size);
+                    cur += size;
+                    peak = peak.max(cur);
+                }
+                Op::Free { id } => cur -= sizes.remove(&id).unwrap_or(0),
+                _ => {}
+            }
+        }
+        peak
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_round_trips() {
+        let text = "# npualloc-trace v1\na 0 100 0\nr 0 1 # comment\na 1 7 1\nf 0\ns 1\nf 1\n";
+        let t = parse(text, "x.trace").unwrap();
+        assert_eq!(t.ops.len(), 6);
+        assert_eq!(t.ops[1], Op::Record { id: 0, stream: 1 });
+        assert_eq!(t.peak_requested(), 107);
+        let mut out = Vec::new();
+        t.write_to(&mut out).unwrap();
+        let again = parse(std::str::from_utf8(&out).unwrap(), "x.trace").unwrap();
+        assert_eq!(again.ops, t.ops);
+    }
+
+    #[test]
+    fn malformed_lines_name_file_line_and_expectation() {
+        for (text, line, needle) in [
+            ("a 0 100", 1, "missing stream"),
+            ("a 0 -5 0", 1, "negative"),
+            ("x 1", 1, "unknown operation 'x'"),
+            ("a 0 1 0\na 0 2 0", 2, "duplicate allocation id 0"),
+            ("f 3", 1, "unknown id 3"),
+            ("a 0 1 0\nf 0\nr 0 1", 3, "already freed"),
+            ("a 0 1 0\nf 0\nf 0", 3, "already freed"),
+            ("a 0 1 0 9", 1, "unexpected '9'"),
+            ("a zero 1 0", 1, "not a non-negative integer"),
+        ] {
+            let e = parse(text, "bad.trace").unwrap_err();
+            assert_eq!(e.line, line, "{text}: {e}");
+            assert!(
+                e.to_string().starts_with(&format!("bad.trace:{line}: ")),
+                "{e}"
+            );
+            assert!(e.message.contains(needle), "{text}: {e}");
+        }
+    }
+}

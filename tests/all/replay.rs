@@ -1,0 +1,251 @@
+//! Trace replay: every shipped trace, snapshot conversion, and the command line.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use npualloc::replay::{replay, ReplayOptions};
+use npualloc::trace::{self, Op};
+
+fn traces_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("traces")
+}
+
+fn load(name: &str) -> trace::Trace {
+    let text = std::fs::read_to_string(traces_dir().join(name)).unwrap();
+    trace::parse(&text, name).unwrap()
+}
+
+/// Peak live (requested) bytes from traces/README.md.
+const README_PEAKS: [(&str, u64, usize); 4] = [
+    ("gpt2_infer.trace", 209_006_592, 788),
+    ("bert_train.trace", 1_814_755_032, 12_310),
+    ("resnet50_train.trace", 844_917_640, 5_677),
+    ("t5_train.trace", 3_943_794_284, 26_287),
+];
+
+#[test]
+fn every_shipped_trace_replays_to_its_readme_peak() {
+    for (name, peak, events) in README_PEAKS {
+        let t = load(name);
+        assert_eq!(t.ops.len(), events, "{name}");
+        let r = replay(
+            &t,
+            &ReplayOptions {
+                detail: true,
+                ..ReplayOptions::default()
+            },
+            |_| {},
+        )
+        .unwrap();
+        assert_eq!(r.peak_requested, peak, "{name}");
+        assert_eq!(t.peak_requested(), peak, "{name}");
+        assert!(
+            r.peak_reserved >= r.peak_allocated && r.peak_allocated >= r.peak_requested,
+            "{name}"
+        );
+        assert_eq!(r.invariants, Ok(()), "{name}");
+        assert_eq!(
+            r.reserved_after_drain, 0,
+            "{name}: bytes stayed reserved after draining"
+        );
+        assert_eq!(r.ooms, 0);
+        // The segment map at peak adds up to the peak.
+        let at_peak: usize = r.peak_segments.iter().map(|s| s.total_size).sum();
+        assert_eq!(at_peak as u64, r.peak_reserved, "{name}");
+    }
+}
+
+#[test]
+fn cross_stream_trace_keeps_blocks_until_the_sync() {
+    let text = "a 0 4096 0\nr 0 1\nf 0\na 1 4096 0\ns 1\na 2 4096 0\nf 1\nf 2\n";
+    let t = trace::parse(text, "x.trace").unwrap();
+    let r = replay(
+        &t,
+        &ReplayOptions {
+            detail: true,
+            ..ReplayOptions::default()
+        },
+        |_| {},
+    )
+    .unwrap();
+    // id 1 could not reuse id 0's block (stream 1 still pending), id 2 could.
+    let addr = |i: usize| {
+        r.actions
+            .iter()
+            .filter(|a| a.action == "alloc")
+            .nth(i)
+            .unwrap()
+            .addr
+    };
+    assert_ne!(addr(1), addr(0));
+    assert_eq!(addr(2), addr(0));
+    assert_eq!(r.invariants, Ok(()));
+}
+
+#[test]
+fn tight_capacity_reports_ooms_and_recovers() {
+    let t = load("gpt2_infer.trace");
+    let r = replay(
+        &t,
+        &ReplayOptions {
+            capacity: 150 << 20,
+            ..ReplayOptions::default()
+        },
+        |_| {},
+    )
+    .unwrap();
+    assert!(r.ooms > 0, "a 150 MiB device cannot hold a 199 MiB peak");
+    assert!(r.retries >= r.ooms);
+    assert_eq!(r.invariants, Ok(()));
+    assert_eq!(r.reserved_after_drain, 0);
+}
+
+#[test]
+fn snapshot_pickle_converts_to_the_same_events() {
+    let bytes = std::fs::read(traces_dir().join("gpt2_infer.snapshot.pickle")).unwrap();
+    let from_pickle = trace::pickle::from_snapshot(&bytes, "gpt2.pickle", None).unwrap();
+    let text = load("gpt2_infer.trace");
+    assert_eq!(from_pickle.ops, text.ops);
+    assert!(from_pickle.ops.iter().any(|o| matches!(o, Op::Free { .. })));
+    let err = trace::pickle::from_snapshot(b"not a pickle", "bad.pickle", None).unwrap_err();
+    assert!(err.to_string().contains("not a readable pickle"), "{err}");
+}
+
+fn cli(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_npualloc"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn cli_replay_prints_table_and_writes_pictures() {
+    let dir = tempdir("cli-ok");
+    let svg = dir.join("out.svg");
+    let html = dir.join("out.html");
+    let snap = dir.join("snap.json");
+    let trace = traces_dir().join("gpt2_infer.trace");
+    let (code, out, err) = cli(&[
+        "replay",
+        trace.to_str().unwrap(),
+        "--conf",
+        "",
+        "--conf",
+        "max_split_size_mb:64",
+        "--svg",
+        svg.to_str().unwrap(),
+        "--html",
+        html.to_str().unwrap(),
+        "--snapshot",
+        snap.to_str().unwrap(),
+        "--quiet",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    for needle in [
+        "peak requested",
+        "199.32 MiB (209006592)",
+        "reserved / requested",
+        "max_split_size_mb:64",
+        "device mallocs",
+    ] {
+        assert!(out.contains(needle), "missing {needle:?} in\n{out}");
+    }
+    let svg0 = std::fs::read_to_string(dir.join("out-gpt2_infer-0.svg")).unwrap();
+    assert!(svg0.starts_with("<svg") && svg0.contains("Segments at peak reserved"));
+    assert!(dir.join("out-gpt2_infer-1.svg").exists());
+    assert!(std::fs::read_to_string(&html).unwrap().contains("<svg"));
+    let snap: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("snap-gpt2_infer-0.json")).unwrap())
+            .unwrap();
+    assert!(snap["segments"].as_array().unwrap().len() > 1);
+    assert_eq!(snap["device_traces"][0][0]["action"], "alloc");
+
+    let (code, out, _) = cli(&["replay", trace.to_str().unwrap(), "--json"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v[0]["peak_requested"], 209_006_592u64);
+    assert_eq!(v[0]["reserved_after_drain"], 0);
+}
+
+#[test]
+fn cli_convert_round_trips_a_snapshot() {
+    let dir = tempdir("cli-convert");
+    let out = dir.join("g.trace");
+    let pickle = traces_dir().join("gpt2_infer.snapshot.pickle");
+    let (code, _, err) = cli(&[
+        "convert",
+        pickle.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let converted = trace::parse(&std::fs::read_to_string(&out).unwrap(), "g.trace").unwrap();
+    assert_eq!(converted.ops, load("gpt2_infer.trace").ops);
+}
+
+#[test]
+fn cli_rejects_malformed_input_with_file_and_line() {
+    let dir = tempdir("cli-bad");
+    for (name, text, needle) in [
+        (
+            "truncated.trace",
+            "a 0 100 0\na 1 200",
+            "truncated.trace:2: missing stream",
+        ),
+        (
+            "negative.trace",
+            "a 0 -100 0",
+            "negative.trace:1: size in bytes '-100' is negative",
+        ),
+        (
+            "unknown_op.trace",
+            "a 0 1 0\nz 0",
+            "unknown_op.trace:2: unknown operation 'z'",
+        ),
+        (
+            "duplicate.trace",
+            "a 0 1 0\na 0 1 0",
+            "duplicate.trace:2: duplicate allocation id 0",
+        ),
+        (
+            "unknown_id.trace",
+            "a 0 1 0\nf 7",
+            "unknown_id.trace:2: free of unknown id 7",
+        ),
+        (
+            "record_freed.trace",
+            "a 0 1 0\nf 0\nr 0 1",
+            "record_freed.trace:3: record of id 0, which was already freed",
+        ),
+        ("bad.pickle", "not a pickle", "not a readable pickle"),
+    ] {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        let (code, _, err) = cli(&["replay", p.to_str().unwrap()]);
+        assert_eq!(code, 2, "{name}");
+        assert!(err.contains(needle), "{name}: {err}");
+        assert!(!err.contains("panicked"), "{name}: {err}");
+    }
+    let (code, _, err) = cli(&["replay", "/nonexistent.trace"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("cannot read"), "{err}");
+    let good = traces_dir().join("gpt2_infer.trace");
+    let (code, _, err) = cli(&["replay", good.to_str().unwrap(), "--conf", "bogus:1"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("bogus"), "{err}");
+    let (code, _, err) = cli(&["replay", good.to_str().unwrap(), "--capacity", "lots"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--capacity"), "{err}");
+}
+
+fn tempdir(tag: &str) -> PathBuf {
+    let d =
+        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
