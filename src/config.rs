@@ -4,7 +4,7 @@
 //! Supported keys: `max_split_size_mb`, `max_non_split_rounding_mb`,
 //! `roundup_power2_divisions` (one power of two, or a list
 //! `[256:1,512:2,>:4]` keyed by MiB intervals), `garbage_collection_threshold`,
-//! `expandable_segments` (only `False` for now).
+//! `expandable_segments` (only `False` for now), `reclaim_before_growth` (npualloc's own).
 
 use crate::error::Error;
 
@@ -25,6 +25,9 @@ pub struct Config {
     pub garbage_collection_threshold: f64,
     /// Virtual-memory segments (not implemented yet; must be false).
     pub expandable_segments: bool,
+    /// Before reserved memory would grow past its high-water mark, return wholly empty
+    /// cached segments first (npualloc's addition; `False` gives PyTorch's policy).
+    pub reclaim_before_growth: bool,
 }
 
 impl Default for Config {
@@ -35,6 +38,7 @@ impl Default for Config {
             roundup_power2_divisions: [0; ROUNDUP_INTERVALS],
             garbage_collection_threshold: 0.0,
             expandable_segments: false,
+            reclaim_before_growth: true,
         }
     }
 }
@@ -52,6 +56,14 @@ fn parse_mb(key: &str, value: &str, min: usize) -> Result<usize, Error> {
     }
     mb.checked_mul(MIB)
         .ok_or_else(|| bad(key, value, "too large"))
+}
+
+fn parse_bool(key: &str, value: &str) -> Result<bool, Error> {
+    match value {
+        "True" => Ok(true),
+        "False" => Ok(false),
+        _ => Err(bad(key, value, "expected True or False")),
+    }
 }
 
 fn parse_pow2(key: &str, value: &str, allow_zero: bool) -> Result<usize, Error> {
@@ -95,6 +107,9 @@ impl Config {
                 }
                 "roundup_power2_divisions" => {
                     cfg.roundup_power2_divisions = parse_divisions(key, value)?;
+                }
+                "reclaim_before_growth" => {
+                    cfg.reclaim_before_growth = parse_bool(key, value)?;
                 }
                 "expandable_segments" => {
                     cfg.expandable_segments = match value {
@@ -209,6 +224,12 @@ mod tests {
         assert_eq!(c.max_split_size, 128 * MIB);
         assert_eq!(c.divisions_for(3 * MIB), 4);
         assert!((c.garbage_collection_threshold - 0.8).abs() < 1e-12);
+        assert!(c.reclaim_before_growth);
+        assert!(
+            !Config::parse("reclaim_before_growth:False")
+                .unwrap()
+                .reclaim_before_growth
+        );
     }
 
     #[test]
@@ -228,6 +249,7 @@ mod tests {
             ("roundup_power2_divisions:3", "power of two"),
             ("garbage_collection_threshold:1.5", "between 0 and 1"),
             ("expandable_segments:maybe", "True or False"),
+            ("reclaim_before_growth:yes", "True or False"),
             ("max_split_size_mb", "key:value"),
             ("roundup_power2_divisions:[256:1", "closing"),
         ] {

@@ -72,6 +72,8 @@ pub(super) struct State {
     pub stats: DeviceStats,
     pub allowed_max: Option<usize>,
     pub reserved: usize,
+    /// Highest `reserved` ever (not reset with the peak statistics).
+    pub reserved_hwm: usize,
     pub gc_calls: u64,
 }
 
@@ -90,6 +92,7 @@ impl State {
             stats: DeviceStats::default(),
             allowed_max: None,
             reserved: 0,
+            reserved_hwm: 0,
             gc_calls: 0,
         }
     }
@@ -202,6 +205,7 @@ impl State {
         if self.gc_enabled() {
             self.garbage_collect(dev, index);
         }
+        self.release_empty_before_growth(dev, index, seg_size);
         if let Some(id) = self.alloc_block(dev, index, seg_size, stream, kind)? {
             return Ok(id);
         }
@@ -246,6 +250,7 @@ impl State {
             Err(e) => return Err(e.into()),
         };
         self.reserved += seg_size;
+        self.reserved_hwm = self.reserved_hwm.max(self.reserved);
         let st = kind.stat_type();
         stats::increase(&mut self.stats.segment, st, 1);
         stats::increase(&mut self.stats.reserved_bytes, st, seg_size);
@@ -614,6 +619,46 @@ impl State {
             }
         }
         released >= target
+    }
+
+    /// Before reserved memory grows past its high-water mark, return wholly empty cached
+    /// segments (which cannot serve this request: the free lists had no fit) until the
+    /// new segment fits under the mark. Below the mark nothing is freed, so a repeating
+    /// workload settles with no device frees.
+    fn release_empty_before_growth(
+        &mut self,
+        dev: &dyn Device,
+        index: DeviceIndex,
+        seg_size: usize,
+    ) {
+        if !self.config.reclaim_before_growth {
+            return;
+        }
+        let over = (self.reserved + seg_size).saturating_sub(self.reserved_hwm);
+        if over == 0 {
+            return;
+        }
+        let mut empties: Vec<(usize, BlockId)> = self
+            .pools
+            .values()
+            .flat_map(|p| p.small.iter().chain(p.large.iter()))
+            .filter(|&(_, _, id)| !self.blocks[id].is_split())
+            .map(|(s, _, id)| (s, id))
+            .collect();
+        if empties.is_empty() || dev.drain_before_free(index).is_err() {
+            return;
+        }
+        // Largest first: the fewest device frees for the bytes needed.
+        empties.sort_by_key(|e| std::cmp::Reverse(e.0));
+        let mut released = 0;
+        for (s, id) in empties {
+            if released >= over {
+                break;
+            }
+            if self.release_block(dev, index, id).is_ok() {
+                released += s;
+            }
+        }
     }
 
     /// PyTorch's garbage collection: free old, unsplit large cached blocks until usage

@@ -69,7 +69,13 @@ fn segment_sizes_follow_pytorch() {
 
 #[test]
 fn blocks_are_not_shared_between_streams() {
-    let (sim, a) = manual(1 << 30);
+    // PyTorch's policy: the idle segment of stream 0 stays cached.
+    let (sim, a) = with(
+        1 << 30,
+        SimMode::Manual,
+        false,
+        "reclaim_before_growth:False",
+    );
     let s1 = sim.create_stream(0).unwrap();
     let p = a.malloc(4096, S0).unwrap();
     a.free(p).unwrap();
@@ -102,7 +108,12 @@ fn large_block_is_split_only_with_more_than_1mib_left() {
 
 #[test]
 fn max_split_size_keeps_oversize_blocks_whole() {
-    let (sim, a) = with(1 << 30, SimMode::Manual, false, "max_split_size_mb:64");
+    let (sim, a) = with(
+        1 << 30,
+        SimMode::Manual,
+        false,
+        "max_split_size_mb:64,reclaim_before_growth:False",
+    );
     let big = a.malloc(100 * MIB, S0).unwrap();
     a.free(big).unwrap();
     // A small large-pool request must not carve up the 100 MiB oversize block.
@@ -152,7 +163,13 @@ fn memory_fraction_caps_reserved_bytes() {
 
 #[test]
 fn oom_releases_cache_and_retries_before_failing() {
-    let (sim, a) = manual(64 * MIB);
+    // PyTorch's policy, where only the out-of-memory path releases the cache.
+    let (sim, a) = with(
+        64 * MIB,
+        SimMode::Manual,
+        false,
+        "reclaim_before_growth:False",
+    );
     let p = a.malloc(40 * MIB, S0).unwrap();
     a.free(p).unwrap();
     // 50 MiB only fits once the cached 40 MiB segment goes back.
@@ -269,4 +286,60 @@ fn garbage_collection_frees_old_cached_blocks_under_a_fraction() {
     a.free(third).unwrap();
     assert_drained(&sim, &a);
     assert!(sim.device_count() == 1);
+}
+
+#[test]
+fn empty_segments_are_reclaimed_before_growing_past_the_high_water_mark() {
+    let (sim, a) = manual(1 << 30);
+    let p = a.malloc(40 * MIB, S0).unwrap();
+    a.free(p).unwrap();
+    // 50 MiB does not fit the idle 40 MiB segment; growing to 90 MiB would pass the
+    // 40 MiB mark, so the idle segment goes back first.
+    let q = a.malloc(50 * MIB, S0).unwrap();
+    let s = a.stats();
+    assert_eq!(s.reserved_bytes[0].current, 50 * MIB as i64);
+    assert_eq!(s.reserved_bytes[0].peak, 50 * MIB as i64);
+    assert_eq!(
+        (s.num_device_alloc, s.num_device_free, s.num_alloc_retries),
+        (2, 1, 0)
+    );
+    a.free(q).unwrap();
+    // Below the mark nothing is freed: a repeating pattern settles without device calls.
+    for _ in 0..10 {
+        let x = a.malloc(20 * MIB, S0).unwrap();
+        let y = a.malloc(25 * MIB, S0).unwrap();
+        a.free(x).unwrap();
+        a.free(y).unwrap();
+    }
+    let s = a.stats();
+    assert_eq!(
+        (s.num_device_alloc, s.num_device_free),
+        (2, 1),
+        "the steady state touched the device"
+    );
+    check(&a);
+    assert_drained(&sim, &a);
+}
+
+#[test]
+fn reclaim_only_frees_what_the_new_segment_needs() {
+    let (sim, a) = manual(1 << 30);
+    let s1 = sim.create_stream(0).unwrap();
+    // Three idle segments of stream 1: 30, 24 and 12 MiB (a high-water mark of 66 MiB).
+    let ps: Vec<_> = [30 * MIB, 24 * MIB, 12 * MIB]
+        .iter()
+        .map(|&n| a.malloc(n, s1).unwrap())
+        .collect();
+    for p in ps {
+        a.free(p).unwrap();
+    }
+    // 40 MiB on stream 0 would reach 106 MiB: 40 MiB over the mark, so the two largest
+    // idle segments (30 + 24 MiB) go back and the 12 MiB one stays.
+    let q = a.malloc(40 * MIB, S0).unwrap();
+    let s = a.stats();
+    assert_eq!(s.num_device_free, 2);
+    assert_eq!(s.reserved_bytes[0].current, 52 * MIB as i64);
+    a.free(q).unwrap();
+    check(&a);
+    assert_drained(&sim, &a);
 }
