@@ -12,6 +12,7 @@ pub mod config;
 pub mod device;
 pub mod error;
 pub mod pool;
+pub mod profiling;
 pub mod replay;
 pub mod snapshot;
 pub mod stats;

@@ -22,6 +22,7 @@ use crate::config::Config;
 use crate::device::{Device, DeviceIndex, DevicePtr, StreamHandle};
 use crate::error::Error;
 use crate::pool::BlockId;
+use crate::profiling::Mstx;
 use crate::stats::DeviceStats;
 use state::State;
 
@@ -66,9 +67,15 @@ impl CachingAllocator {
         Ok(CachingAllocator {
             device,
             index: index as DeviceIndex,
-            state: Mutex::new(State::new(config)),
+            state: Mutex::new(State::new(config, Mstx::global())),
             ptrs: DashMap::new(),
         })
+    }
+
+    /// Uses `markers` for profiler ranges instead of the process-wide mstx library.
+    pub fn with_markers(self, markers: Arc<Mstx>) -> Self {
+        self.state.lock().markers = markers;
+        self
     }
 
     /// The device index this allocator serves.

@@ -8,6 +8,7 @@
 //! - `reserved` and every current statistic equal a recount of the blocks.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use slab::Slab;
 
@@ -17,6 +18,7 @@ use crate::device::{Device, DeviceError, DeviceIndex, DevicePtr, StreamHandle};
 use crate::error::Error;
 use crate::pool::rounding::{allocation_size, round_size, MIN_BLOCK, SMALL_SIZE};
 use crate::pool::{Block, BlockId, PoolKind, StreamPools};
+use crate::profiling::Mstx;
 use crate::stats::{self, DeviceStats, StatType};
 use crate::stream::{EventPool, PendingFrees};
 
@@ -75,10 +77,12 @@ pub(super) struct State {
     /// Highest `reserved` ever (not reset with the peak statistics).
     pub reserved_hwm: usize,
     pub gc_calls: u64,
+    /// Profiler markers around the slow paths.
+    pub markers: Arc<Mstx>,
 }
 
 impl State {
-    pub fn new(config: Config) -> Self {
+    pub fn new(config: Config, markers: Arc<Mstx>) -> Self {
         let mut known_streams = HashSet::new();
         known_streams.insert(StreamHandle::DEFAULT);
         State {
@@ -94,6 +98,7 @@ impl State {
             reserved: 0,
             reserved_hwm: 0,
             gc_calls: 0,
+            markers,
         }
     }
 
@@ -215,6 +220,8 @@ impl State {
             }
         }
         // Last resort: wait for all pending frees, release every cached segment, retry.
+        let markers = self.markers.clone();
+        let _range = markers.range(|| format!("npualloc.oom_retry {size}B dev{index}"));
         let released = self.release_cached_blocks(dev, index);
         self.stats.num_alloc_retries += 1;
         if released.is_ok() {
@@ -244,7 +251,11 @@ impl State {
                 return Ok(None);
             }
         }
-        let ptr = match dev.malloc(index, seg_size) {
+        let markers = self.markers.clone();
+        let range = markers.range(|| format!("npualloc.device_malloc {seg_size}B dev{index}"));
+        let result = dev.malloc(index, seg_size);
+        drop(range);
+        let ptr = match result {
             Ok(p) => p,
             Err(e) if e.is_out_of_memory() => return Ok(None),
             Err(e) => return Err(e.into()),
@@ -490,6 +501,13 @@ impl State {
         index: DeviceIndex,
     ) -> Result<(), Error> {
         self.stats.num_sync_all_streams += 1;
+        let markers = self.markers.clone();
+        let _range = markers.range(|| {
+            format!(
+                "npualloc.event_sync {} events dev{index}",
+                self.pending.len()
+            )
+        });
         let mut first_err: Option<DeviceError> = None;
         if !self.parked.is_empty() {
             match dev.synchronize_device(index) {
@@ -527,7 +545,12 @@ impl State {
     ) -> Result<(), Error> {
         let b = &self.blocks[id];
         debug_assert!(b.is_free() && !b.is_split());
-        dev.free(index, b.ptr)?;
+        let range = self
+            .markers
+            .range(|| format!("npualloc.device_free {}B dev{index}", b.size));
+        let freed = dev.free(index, b.ptr);
+        drop(range);
+        freed?;
         let (st, size) = (b.kind.stat_type(), b.size);
         self.pool_remove(id);
         self.blocks.remove(id);
@@ -571,6 +594,8 @@ impl State {
         dev: &dyn Device,
         index: DeviceIndex,
     ) -> Result<(), Error> {
+        let markers = self.markers.clone();
+        let _range = markers.range(|| format!("npualloc.cache_release dev{index}"));
         let synced = self.synchronize_and_free_events(dev, index);
         let released = self.release_free_segments(dev, index);
         synced.and(released)

@@ -9,7 +9,7 @@
 
 pub mod acl;
 pub mod cuda;
-mod loader;
+pub(crate) mod loader;
 pub mod sim;
 
 use std::fmt;

@@ -7,6 +7,8 @@ mod common;
 mod cross_stream;
 mod fake_acl;
 mod faults;
+mod mstx;
 mod props;
 mod replay;
 mod stress;
+mod tagged;
