@@ -374,6 +374,24 @@ int npualloc_device_count(void);
 const char *npualloc_last_error(void);
 
 /**
+ * Opens an mstx range named `message` on `stream` and stores its id in `*out_id`
+ * (0 when libms_tools_ext.so is absent or no profiler is attached: nothing to end).
+ * The message must be non-empty, without NUL, at most 255 bytes; it is cut to 156
+ * bytes on a UTF-8 boundary before being sent.
+ */
+int npualloc_mstx_range_start(const char *message, npualloc_stream stream, uint64_t *out_id);
+
+/**
+ * Ends a range opened by `npualloc_mstx_range_start`; id 0 is ignored.
+ */
+int npualloc_mstx_range_end(uint64_t id);
+
+/**
+ * Places an instantaneous mstx marker named `message` on `stream`.
+ */
+int npualloc_mstx_mark(const char *message, npualloc_stream stream);
+
+/**
  * Test-only: creates a simulated stream on `device` and stores it in `*out`.
  */
 int npualloc_sim_create_stream(int device, npualloc_stream *out);

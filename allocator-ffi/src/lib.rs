@@ -17,6 +17,7 @@
 mod api;
 mod error;
 mod hooks;
+mod mstx;
 mod panic;
 mod record;
 mod runtime;
@@ -27,6 +28,7 @@ mod types;
 pub use api::*;
 pub use error::*;
 pub use hooks::npualloc_runtime_hooks;
+pub use mstx::*;
 pub use sim_api::*;
 pub use tags::*;
 pub use types::*;
