@@ -4,7 +4,8 @@
 //! Supported keys: `max_split_size_mb`, `max_non_split_rounding_mb`,
 //! `roundup_power2_divisions` (one power of two, or a list
 //! `[256:1,512:2,>:4]` keyed by MiB intervals), `garbage_collection_threshold`,
-//! `expandable_segments` (only `False` for now), `reclaim_before_growth` (npualloc's own).
+//! `expandable_segments` (only `False` for now), `reclaim_before_growth` and `adaptive_segments` (npualloc's own; both `False`
+//! gives PyTorch's policy exactly).
 
 use crate::error::Error;
 
@@ -28,6 +29,9 @@ pub struct Config {
     /// Before reserved memory would grow past its high-water mark, return wholly empty
     /// cached segments first (npualloc's addition; `False` gives PyTorch's policy).
     pub reclaim_before_growth: bool,
+    /// Large-pool segments grow with the reserved high-water mark (npualloc's addition;
+    /// `False` gives PyTorch's segment sizes).
+    pub adaptive_segments: bool,
 }
 
 impl Default for Config {
@@ -39,6 +43,7 @@ impl Default for Config {
             garbage_collection_threshold: 0.0,
             expandable_segments: false,
             reclaim_before_growth: true,
+            adaptive_segments: true,
         }
     }
 }
@@ -110,6 +115,9 @@ impl Config {
                 }
                 "reclaim_before_growth" => {
                     cfg.reclaim_before_growth = parse_bool(key, value)?;
+                }
+                "adaptive_segments" => {
+                    cfg.adaptive_segments = parse_bool(key, value)?;
                 }
                 "expandable_segments" => {
                     cfg.expandable_segments = match value {
@@ -250,6 +258,7 @@ mod tests {
             ("garbage_collection_threshold:1.5", "between 0 and 1"),
             ("expandable_segments:maybe", "True or False"),
             ("reclaim_before_growth:yes", "True or False"),
+            ("adaptive_segments:1", "True or False"),
             ("max_split_size_mb", "key:value"),
             ("roundup_power2_divisions:[256:1", "closing"),
         ] {

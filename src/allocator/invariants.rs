@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 
 use dashmap::DashMap;
+use rustc_hash::FxBuildHasher;
 
 use super::state::State;
 use crate::device::DevicePtr;
@@ -43,7 +44,10 @@ fn compare(name: &str, stat: &StatArray, counted: &[i64; 3]) -> Result<(), Strin
     Ok(())
 }
 
-pub(super) fn check(st: &State, ptrs: &DashMap<DevicePtr, BlockId>) -> Result<(), String> {
+pub(super) fn check(
+    st: &State,
+    ptrs: &DashMap<DevicePtr, BlockId, FxBuildHasher>,
+) -> Result<(), String> {
     let mut seen = vec![false; st.blocks.capacity()];
     let mut rc = Recount::default();
     let mut reserved = 0usize;

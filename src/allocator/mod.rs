@@ -17,6 +17,7 @@ use std::sync::Arc;
 
 use dashmap::DashMap;
 use parking_lot::Mutex;
+use rustc_hash::FxBuildHasher;
 
 use crate::config::Config;
 use crate::device::{Device, DeviceIndex, DevicePtr, StreamHandle};
@@ -42,7 +43,7 @@ pub struct CachingAllocator {
     device: Arc<dyn Device>,
     index: DeviceIndex,
     state: Mutex<State>,
-    ptrs: DashMap<DevicePtr, BlockId>,
+    ptrs: DashMap<DevicePtr, BlockId, FxBuildHasher>,
 }
 
 impl std::fmt::Debug for CachingAllocator {
@@ -68,7 +69,7 @@ impl CachingAllocator {
             device,
             index: index as DeviceIndex,
             state: Mutex::new(State::new(config, Mstx::global())),
-            ptrs: DashMap::new(),
+            ptrs: DashMap::with_hasher(FxBuildHasher),
         })
     }
 

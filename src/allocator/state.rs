@@ -7,7 +7,7 @@
 //! - a pending block's `event_count` equals its queued events plus parked frees;
 //! - `reserved` and every current statistic equal a recount of the blocks.
 
-use std::collections::{HashMap, HashSet};
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::sync::Arc;
 
 use slab::Slab;
@@ -16,11 +16,24 @@ use super::oom;
 use crate::config::Config;
 use crate::device::{Device, DeviceError, DeviceIndex, DevicePtr, StreamHandle};
 use crate::error::Error;
-use crate::pool::rounding::{allocation_size, round_size, MIN_BLOCK, SMALL_SIZE};
+use crate::pool::rounding::{
+    allocation_size, round_size, LARGE_BUFFER, MIN_BLOCK, ROUND_LARGE, SMALL_SIZE,
+};
 use crate::pool::{Block, BlockId, PoolKind, StreamPools};
 use crate::profiling::Mstx;
 use crate::stats::{self, DeviceStats, StatType};
 use crate::stream::{EventPool, PendingFrees};
+
+/// How many recent reclaims are remembered for churn detection.
+const RECENT_RECLAIMS: usize = 64;
+/// A reclaimed segment allocated again within this many malloc calls counts as churn.
+const RECLAIM_WINDOW: u64 = 4096;
+/// The idle requirement after the first churn.
+const MIN_RECLAIM_IDLE: u64 = 64;
+/// Adaptive large segments are at least this fraction of the reserved high-water mark...
+const ADAPTIVE_DIVISOR: usize = 8;
+/// ...but no larger than this.
+const ADAPTIVE_MAX: usize = 64 << 20;
 
 /// What a block is doing, as snapshots report it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,8 +77,8 @@ pub struct SegmentInfo {
 pub(super) struct State {
     pub config: Config,
     pub blocks: Slab<Block>,
-    pub pools: HashMap<StreamHandle, StreamPools>,
-    pub known_streams: HashSet<StreamHandle>,
+    pub pools: FxHashMap<StreamHandle, StreamPools>,
+    pub known_streams: FxHashSet<StreamHandle>,
     pub pending: PendingFrees,
     /// Blocks whose events could not be recorded: each holds one `event_count` token
     /// until the next full synchronisation.
@@ -77,18 +90,25 @@ pub(super) struct State {
     /// Highest `reserved` ever (not reset with the peak statistics).
     pub reserved_hwm: usize,
     pub gc_calls: u64,
+    /// Number of malloc calls so far (the clock of segment idleness).
+    pub malloc_calls: u64,
+    /// Idle time (malloc calls) a segment needs before it may be reclaimed; doubles
+    /// whenever a reclaimed segment has to be allocated again soon after.
+    pub reclaim_min_idle: u64,
+    /// Recently reclaimed segments: (size, when).
+    pub recent_reclaims: std::collections::VecDeque<(usize, u64)>,
     /// Profiler markers around the slow paths.
     pub markers: Arc<Mstx>,
 }
 
 impl State {
     pub fn new(config: Config, markers: Arc<Mstx>) -> Self {
-        let mut known_streams = HashSet::new();
+        let mut known_streams = FxHashSet::default();
         known_streams.insert(StreamHandle::DEFAULT);
         State {
             config,
             blocks: Slab::new(),
-            pools: HashMap::new(),
+            pools: FxHashMap::default(),
             known_streams,
             pending: PendingFrees::default(),
             parked: Vec::new(),
@@ -98,6 +118,9 @@ impl State {
             reserved: 0,
             reserved_hwm: 0,
             gc_calls: 0,
+            malloc_calls: 0,
+            reclaim_min_idle: 0,
+            recent_reclaims: std::collections::VecDeque::new(),
             markers,
         }
     }
@@ -122,9 +145,10 @@ impl State {
     // ---- free lists -------------------------------------------------------------
 
     fn pool_insert(&mut self, id: BlockId) {
-        let gc = self.gc_calls;
+        let (gc, now) = (self.gc_calls, self.malloc_calls);
         let b = &mut self.blocks[id];
         b.gc_count_base = gc;
+        b.freed_at = now;
         let (size, ptr, stream, kind) = (b.size, b.ptr, b.stream, b.kind);
         self.pools
             .entry(stream)
@@ -177,12 +201,13 @@ impl State {
         if size == 0 {
             return Err(Error::ZeroSize);
         }
-        let too_large = Error::SizeTooLarge { requested: size };
+        self.malloc_calls += 1;
+        let too_large = || Error::SizeTooLarge { requested: size };
         let padded = size
             .checked_add(dev.request_padding())
-            .ok_or(too_large.clone())?;
-        let rounded = round_size(padded, &self.config).ok_or(too_large.clone())?;
-        let seg_size = allocation_size(rounded).ok_or(too_large)?;
+            .ok_or_else(too_large)?;
+        let rounded = round_size(padded, &self.config).ok_or_else(too_large)?;
+        let seg_size = self.segment_size(rounded).ok_or_else(too_large)?;
         self.check_stream(dev, index, stream)?;
         self.process_events(dev, index);
         let kind = PoolKind::for_size(rounded);
@@ -193,6 +218,20 @@ impl State {
         };
         let id = self.alloc_found_block(id, size, rounded);
         Ok((self.blocks[id].ptr, id))
+    }
+
+    /// The device allocation for a block of `rounded` bytes: PyTorch's sizes, or with
+    /// `adaptive_segments` large-pool segments of at least 1/8 of the reserved
+    /// high-water mark (20 to 64 MiB), so that tensors of different sizes share segments
+    /// whose freed space coalesces, instead of each size stranding a segment of its own.
+    fn segment_size(&self, rounded: usize) -> Option<usize> {
+        let pytorch = allocation_size(rounded)?;
+        if !self.config.adaptive_segments || rounded <= SMALL_SIZE {
+            return Some(pytorch);
+        }
+        let floor = (self.reserved_hwm / ADAPTIVE_DIVISOR).clamp(LARGE_BUFFER, ADAPTIVE_MAX);
+        let exact = rounded.checked_next_multiple_of(ROUND_LARGE)?;
+        Some(exact.max(floor.next_multiple_of(ROUND_LARGE)))
     }
 
     /// The slow path: a new segment, releasing cache as needed, or out of memory.
@@ -262,6 +301,9 @@ impl State {
         };
         self.reserved += seg_size;
         self.reserved_hwm = self.reserved_hwm.max(self.reserved);
+        if !self.recent_reclaims.is_empty() {
+            self.note_segment_malloc(seg_size);
+        }
         let st = kind.stat_type();
         stats::increase(&mut self.stats.segment, st, 1);
         stats::increase(&mut self.stats.reserved_bytes, st, seg_size);
@@ -659,6 +701,7 @@ impl State {
         if !self.config.reclaim_before_growth {
             return;
         }
+        let min_idle = self.reclaim_min_idle;
         let over = (self.reserved + seg_size).saturating_sub(self.reserved_hwm);
         if over == 0 {
             return;
@@ -667,7 +710,10 @@ impl State {
             .pools
             .values()
             .flat_map(|p| p.small.iter().chain(p.large.iter()))
-            .filter(|&(_, _, id)| !self.blocks[id].is_split())
+            .filter(|&(_, _, id)| {
+                let b = &self.blocks[id];
+                !b.is_split() && self.malloc_calls - b.freed_at >= min_idle
+            })
             .map(|(s, _, id)| (s, id))
             .collect();
         if empties.is_empty() || dev.drain_before_free(index).is_err() {
@@ -682,7 +728,26 @@ impl State {
             }
             if self.release_block(dev, index, id).is_ok() {
                 released += s;
+                if self.recent_reclaims.len() == RECENT_RECLAIMS {
+                    self.recent_reclaims.pop_front();
+                }
+                self.recent_reclaims.push_back((s, self.malloc_calls));
             }
+        }
+    }
+
+    /// A new segment of `size` bytes: if one like it was reclaimed recently, reclaiming
+    /// is churning (a cyclic workload needs it back), so demand longer idleness.
+    fn note_segment_malloc(&mut self, size: usize) {
+        let now = self.malloc_calls;
+        let window = RECLAIM_WINDOW;
+        if let Some(i) = self
+            .recent_reclaims
+            .iter()
+            .position(|&(s, at)| s == size && now - at <= window)
+        {
+            self.recent_reclaims.remove(i);
+            self.reclaim_min_idle = (self.reclaim_min_idle * 2).max(MIN_RECLAIM_IDLE);
         }
     }
 

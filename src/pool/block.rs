@@ -72,6 +72,8 @@ pub struct Block {
     pub event_count: u32,
     /// Value of the GC call counter when the block became free.
     pub gc_count_base: u64,
+    /// Value of the allocator's malloc counter when the block became free.
+    pub freed_at: u64,
 }
 
 impl Block {
@@ -89,6 +91,7 @@ impl Block {
             stream_uses: SmallVec::new(),
             event_count: 0,
             gc_count_base: 0,
+            freed_at: 0,
         }
     }
 

@@ -4,7 +4,9 @@
 //! stops at its first incomplete event; separate FIFOs per stream keep a slow stream
 //! from holding back blocks used only on fast ones.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use rustc_hash::FxHashMap;
 
 use crate::device::{Device, DeviceIndex, EventHandle, StreamHandle};
 use crate::pool::BlockId;
@@ -12,7 +14,7 @@ use crate::pool::BlockId;
 /// Per-stream FIFOs of (event, block) pairs.
 #[derive(Debug, Default)]
 pub struct PendingFrees {
-    queues: HashMap<StreamHandle, VecDeque<(EventHandle, BlockId)>>,
+    queues: FxHashMap<StreamHandle, VecDeque<(EventHandle, BlockId)>>,
     len: usize,
 }
 

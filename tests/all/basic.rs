@@ -7,6 +7,8 @@ use npualloc::{Device, Error, StreamHandle};
 use crate::common::*;
 
 const S0: StreamHandle = StreamHandle::DEFAULT;
+/// Settings that give PyTorch's caching-allocator policy exactly.
+const PYTORCH_POLICY: &str = "reclaim_before_growth:False,adaptive_segments:False";
 
 #[test]
 fn freed_block_is_reused_at_once_on_its_stream() {
@@ -51,7 +53,7 @@ fn small_requests_share_a_2mib_segment_and_coalesce() {
 
 #[test]
 fn segment_sizes_follow_pytorch() {
-    let (sim, a) = manual(1 << 30);
+    let (sim, a) = with(1 << 30, SimMode::Manual, false, PYTORCH_POLICY);
     // 11 MiB + 1 rounds to 11 MiB + 512 in a 12 MiB segment; the 1 MiB - 512 tail is
     // too small to split off, so the block takes the whole segment.
     let big = a.malloc(11 * MIB + 1, S0).unwrap();
@@ -325,21 +327,73 @@ fn empty_segments_are_reclaimed_before_growing_past_the_high_water_mark() {
 fn reclaim_only_frees_what_the_new_segment_needs() {
     let (sim, a) = manual(1 << 30);
     let s1 = sim.create_stream(0).unwrap();
-    // Three idle segments of stream 1: 30, 24 and 12 MiB (a high-water mark of 66 MiB).
-    let ps: Vec<_> = [30 * MIB, 24 * MIB, 12 * MIB]
+    // Three idle segments of stream 1: 30, 24 and 22 MiB (a high-water mark of 76 MiB).
+    let ps: Vec<_> = [30 * MIB, 24 * MIB, 22 * MIB]
         .iter()
         .map(|&n| a.malloc(n, s1).unwrap())
         .collect();
     for p in ps {
         a.free(p).unwrap();
     }
-    // 40 MiB on stream 0 would reach 106 MiB: 40 MiB over the mark, so the two largest
-    // idle segments (30 + 24 MiB) go back and the 12 MiB one stays.
+    // 40 MiB on stream 0 would reach 116 MiB: 40 MiB over the mark, so the two largest
+    // idle segments (30 + 24 MiB) go back and the 22 MiB one stays.
     let q = a.malloc(40 * MIB, S0).unwrap();
     let s = a.stats();
     assert_eq!(s.num_device_free, 2);
-    assert_eq!(s.reserved_bytes[0].current, 52 * MIB as i64);
+    assert_eq!(s.reserved_bytes[0].current, 62 * MIB as i64);
     a.free(q).unwrap();
+    check(&a);
+    assert_drained(&sim, &a);
+}
+
+#[test]
+fn adaptive_segments_grow_with_the_high_water_mark() {
+    let (sim, a) = manual(4 << 30);
+    // Below a 160 MiB mark, mid-size requests get PyTorch's 20 MiB segments (this one
+    // fills its segment: a 1 MiB tail is not split off).
+    let first = a.malloc(19 * MIB, S0).unwrap();
+    assert_eq!(a.base_allocation(first).unwrap().1, 20 * MIB);
+    let big = a.malloc(400 * MIB, S0).unwrap(); // mark now 420 MiB: segments of >= 420/8
+    let mid = a.malloc(12 * MIB, S0).unwrap();
+    assert_eq!(
+        a.base_allocation(mid).unwrap().1,
+        54 * MIB,
+        "420 MiB / 8 rounded up to 2 MiB"
+    );
+    let huge = a.malloc(1 << 30, S0).unwrap(); // mark > 512 MiB: capped at 64 MiB
+    let mid2 = a.malloc(12 * MIB, S0).unwrap();
+    // The 54 MiB segment still has room for it.
+    assert_eq!(
+        a.base_allocation(mid2).unwrap().0,
+        a.base_allocation(mid).unwrap().0
+    );
+    let mid3 = a.malloc(50 * MIB, S0).unwrap();
+    assert_eq!(a.base_allocation(mid3).unwrap().1, 64 * MIB);
+    for p in [first, big, mid, huge, mid2, mid3] {
+        a.free(p).unwrap();
+    }
+    check(&a);
+    assert_drained(&sim, &a);
+}
+
+#[test]
+fn alternating_pools_do_not_churn_the_device() {
+    // One live block at a time, alternating between the small and the large pool: each
+    // switch would pass the high-water mark. Reclaiming must notice that the segment it
+    // freed comes straight back, and stop.
+    let (sim, a) = manual(1 << 30);
+    for i in 0..2000 {
+        let p = a
+            .malloc(if i % 2 == 0 { 4096 } else { 4 * MIB }, S0)
+            .unwrap();
+        a.free(p).unwrap();
+    }
+    let s = a.stats();
+    assert!(
+        s.num_device_alloc <= 4,
+        "{} device mallocs: the cache is churning",
+        s.num_device_alloc
+    );
     check(&a);
     assert_drained(&sim, &a);
 }

@@ -1,0 +1,36 @@
+//! A tight malloc+free loop on one stream, for profilers (`perf record`, callgrind).
+//!
+//! Run: `cargo run --release --example pair_loop -- [pairs]`
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use npualloc::device::sim::{SimConfig, SimDevice};
+use npualloc::{CachingAllocator, Config, StreamHandle};
+
+fn main() {
+    let n: usize = std::env::args()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10_000_000);
+    let sim = SimDevice::new(SimConfig::default());
+    let conf = std::env::var("NPUALLOC_CONF").unwrap_or_default();
+    let a = CachingAllocator::new(sim, 0, Config::parse(&conf).unwrap()).unwrap();
+    let sizes: Vec<usize> = (0..64).map(|i| 512usize << (i % 15)).collect();
+    for &s in &sizes {
+        a.free(a.malloc(s, StreamHandle::DEFAULT).unwrap()).unwrap();
+    }
+    let t = Instant::now();
+    for i in 0..n {
+        let p = a
+            .malloc(black_box(sizes[i % 64]), StreamHandle::DEFAULT)
+            .unwrap();
+        a.free(black_box(p)).unwrap();
+    }
+    let ns = t.elapsed().as_nanos() as f64 / n as f64;
+    let s = a.stats();
+    println!(
+        "{ns:.1} ns per malloc+free pair ({n} pairs; device mallocs {}, frees {})",
+        s.num_device_alloc, s.num_device_free
+    );
+}
