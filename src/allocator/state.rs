@@ -149,20 +149,20 @@ impl State {
         let b = &mut self.blocks[id];
         b.gc_count_base = gc;
         b.freed_at = now;
-        let (size, ptr, stream, kind) = (b.size, b.ptr, b.stream, b.kind);
+        let (stream, kind) = (b.stream, b.kind);
         self.pools
             .entry(stream)
             .or_default()
             .get_mut(kind)
-            .insert(size, ptr, id);
+            .insert(&mut self.blocks, id);
     }
 
     fn pool_remove(&mut self, id: BlockId) {
-        let b = &self.blocks[id];
-        let removed = self
-            .pools
-            .get_mut(&b.stream)
-            .is_some_and(|p| p.get_mut(b.kind).remove(b.size, b.ptr, id));
+        let (stream, kind) = (self.blocks[id].stream, self.blocks[id].kind);
+        let removed = match self.pools.get_mut(&stream) {
+            Some(p) => p.get_mut(kind).remove(&mut self.blocks, id),
+            None => false,
+        };
         debug_assert!(removed, "block {id} was not in its free list");
     }
 
@@ -669,6 +669,7 @@ impl State {
         }
         let candidates: Vec<(usize, BlockId)> = list
             .iter_desc()
+            .into_iter()
             .take_while(|&(s, _, _)| s >= max_split)
             .filter(|&(_, _, id)| whole(id))
             .map(|(s, _, id)| (s, id))

@@ -74,6 +74,8 @@ pub struct Block {
     pub gc_count_base: u64,
     /// Value of the allocator's malloc counter when the block became free.
     pub freed_at: u64,
+    /// Index of the block's entry in its free-list bin (meaningful while free).
+    pub bin_pos: u32,
 }
 
 impl Block {
@@ -92,6 +94,7 @@ impl Block {
             event_count: 0,
             gc_count_base: 0,
             freed_at: 0,
+            bin_pos: 0,
         }
     }
 

@@ -1,59 +1,181 @@
-//! Free lists: the cached, reusable blocks of one stream, ordered for best fit.
+//! Free lists: the cached, reusable blocks of one stream and pool, in segregated bins.
 //!
-//! Invariant: an entry `(size, ptr, id)` is present exactly when block `id` is free,
-//! belongs to this stream and pool, and has that size and address.
+//! Bins follow TLSF's two-level mapping over 512-byte units: below 32 KiB one bin per
+//! size; above, 64 bins per power of two. Two bitmaps find the first non-empty bin at
+//! or above a size in constant time. Best fit is exact up to a scan limit: within the
+//! request's own bin the smallest block that fits wins, and in a higher bin the
+//! smallest of its blocks (scanning at most [`SCAN_LIMIT`] entries); among blocks of
+//! equal size the lowest address wins, as in PyTorch.
+//!
+//! Invariants: an entry `(size, ptr, id)` is present exactly when block `id` is free,
+//! belongs to this stream and pool, and has that size and address; the block's
+//! `bin_pos` is the entry's index in its bin; a bitmap bit is set exactly when its bin
+//! is non-empty.
 
-use std::collections::BTreeSet;
+use slab::Slab;
 
-use super::block::{BlockId, PoolKind};
+use super::block::{Block, BlockId};
 use crate::device::DevicePtr;
 
-/// Free blocks of one stream and pool kind, ordered by (size, address).
-#[derive(Default, Debug)]
+const SL_LOG2: u32 = 6;
+const SL: usize = 1 << SL_LOG2;
+/// First-level classes: sizes up to 2^(9 + 6 + FL - 1) bytes (beyond: the last class).
+const FL: usize = 40;
+/// Most entries examined in a bin when looking for the smallest fit.
+pub const SCAN_LIMIT: usize = 64;
+
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    size: usize,
+    ptr: DevicePtr,
+    id: u32,
+}
+
+/// Free blocks of one stream and pool kind.
+#[derive(Debug)]
 pub struct FreeList {
-    set: BTreeSet<(usize, DevicePtr, BlockId)>,
+    bins: Vec<Vec<Entry>>,
+    sl_bitmap: [u64; FL],
+    fl_bitmap: u64,
+    len: usize,
+}
+
+impl Default for FreeList {
+    fn default() -> Self {
+        FreeList {
+            bins: (0..FL * SL).map(|_| Vec::new()).collect(),
+            sl_bitmap: [0; FL],
+            fl_bitmap: 0,
+            len: 0,
+        }
+    }
+}
+
+/// The (first, second) level of a size.
+fn mapping(size: usize) -> (usize, usize) {
+    let u = (size >> 9).max(1);
+    if u < SL {
+        return (0, u);
+    }
+    let f = (usize::BITS - 1 - u.leading_zeros()) as usize; // >= 6
+    let fl = f - SL_LOG2 as usize + 1;
+    if fl >= FL {
+        return (FL - 1, SL - 1);
+    }
+    (fl, (u >> (f - SL_LOG2 as usize)) & (SL - 1))
 }
 
 impl FreeList {
-    /// Adds a free block.
-    pub fn insert(&mut self, size: usize, ptr: DevicePtr, id: BlockId) {
-        let fresh = self.set.insert((size, ptr, id));
-        debug_assert!(fresh, "block {id} inserted twice");
+    /// Adds free block `id` (its size and address as they are now).
+    pub fn insert(&mut self, blocks: &mut Slab<Block>, id: BlockId) {
+        let b = &mut blocks[id];
+        let (fl, sl) = mapping(b.size);
+        let bin = &mut self.bins[fl * SL + sl];
+        b.bin_pos = bin.len() as u32;
+        bin.push(Entry { size: b.size, ptr: b.ptr, id: id as u32 });
+        self.sl_bitmap[fl] |= 1 << sl;
+        self.fl_bitmap |= 1 << fl;
+        self.len += 1;
     }
 
-    /// Removes a block; returns whether it was present.
-    pub fn remove(&mut self, size: usize, ptr: DevicePtr, id: BlockId) -> bool {
-        self.set.remove(&(size, ptr, id))
+    /// Removes block `id` (before its size or address change); returns whether it was present.
+    pub fn remove(&mut self, blocks: &mut Slab<Block>, id: BlockId) -> bool {
+        let b = &blocks[id];
+        let (fl, sl) = mapping(b.size);
+        let pos = b.bin_pos as usize;
+        let bin = &mut self.bins[fl * SL + sl];
+        if bin.get(pos).is_none_or(|e| e.id as usize != id) {
+            return false;
+        }
+        bin.swap_remove(pos);
+        if let Some(moved) = bin.get(pos) {
+            blocks[moved.id as usize].bin_pos = pos as u32;
+        }
+        if bin.is_empty() {
+            self.sl_bitmap[fl] &= !(1 << sl);
+            if self.sl_bitmap[fl] == 0 {
+                self.fl_bitmap &= !(1 << fl);
+            }
+        }
+        self.len -= 1;
+        true
     }
 
-    /// The smallest block of at least `size` bytes (lowest address on ties).
+    /// The smallest entry of `bin` of at least `size` bytes (within the scan limit).
+    fn smallest_fit(bin: &[Entry], size: usize) -> Option<&Entry> {
+        let mut best: Option<&Entry> = None;
+        for e in bin.iter().take(SCAN_LIMIT) {
+            if e.size >= size && best.is_none_or(|b| (e.size, e.ptr) < (b.size, b.ptr)) {
+                best = Some(e);
+            }
+        }
+        best
+    }
+
+    /// The smallest cached block of at least `size` bytes.
     pub fn best_fit(&self, size: usize) -> Option<(usize, DevicePtr, BlockId)> {
-        self.set.range((size, 0, 0)..).next().copied()
+        if self.len == 0 {
+            return None;
+        }
+        let (fl, sl) = mapping(size);
+        if let Some(e) = Self::smallest_fit(&self.bins[fl * SL + sl], size) {
+            return Some((e.size, e.ptr, e.id as usize));
+        }
+        // The next non-empty bin: every block there is larger than `size`.
+        let above = if sl + 1 < SL { self.sl_bitmap[fl] & (!0u64 << (sl + 1)) } else { 0 };
+        let (fl, sl) = if above != 0 {
+            (fl, above.trailing_zeros() as usize)
+        } else {
+            let higher = if fl + 1 < FL { self.fl_bitmap & (!0u64 << (fl + 1)) } else { 0 };
+            if higher == 0 {
+                return None;
+            }
+            let f = higher.trailing_zeros() as usize;
+            (f, self.sl_bitmap[f].trailing_zeros() as usize)
+        };
+        Self::smallest_fit(&self.bins[fl * SL + sl], size).map(|e| (e.size, e.ptr, e.id as usize))
     }
 
-    /// The largest block.
-    pub fn largest(&self) -> Option<(usize, DevicePtr, BlockId)> {
-        self.set.iter().next_back().copied()
+    /// Every entry, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = (usize, DevicePtr, BlockId)> + '_ {
+        let mut fls = self.fl_bitmap;
+        std::iter::from_fn(move || {
+            if fls == 0 {
+                return None;
+            }
+            let f = fls.trailing_zeros() as usize;
+            fls &= fls - 1;
+            Some(f)
+        })
+        .flat_map(move |f| {
+            let mut sls = self.sl_bitmap[f];
+            std::iter::from_fn(move || {
+                if sls == 0 {
+                    return None;
+                }
+                let s = sls.trailing_zeros() as usize;
+                sls &= sls - 1;
+                Some(f * SL + s)
+            })
+        })
+        .flat_map(move |bin| self.bins[bin].iter().map(|e| (e.size, e.ptr, e.id as usize)))
     }
 
     /// Entries from largest to smallest.
-    pub fn iter_desc(&self) -> impl Iterator<Item = (usize, DevicePtr, BlockId)> + '_ {
-        self.set.iter().rev().copied()
-    }
-
-    /// Entries in (size, address) order.
-    pub fn iter(&self) -> impl Iterator<Item = (usize, DevicePtr, BlockId)> + '_ {
-        self.set.iter().copied()
+    pub fn iter_desc(&self) -> Vec<(usize, DevicePtr, BlockId)> {
+        let mut v: Vec<_> = self.iter().collect();
+        v.sort_unstable_by(|a, b| b.cmp(a));
+        v
     }
 
     /// Number of free blocks.
     pub fn len(&self) -> usize {
-        self.set.len()
+        self.len
     }
 
     /// No free blocks.
     pub fn is_empty(&self) -> bool {
-        self.set.is_empty()
+        self.len == 0
     }
 }
 
@@ -68,18 +190,18 @@ pub struct StreamPools {
 
 impl StreamPools {
     /// The free list of `kind`.
-    pub fn get(&self, kind: PoolKind) -> &FreeList {
+    pub fn get(&self, kind: super::PoolKind) -> &FreeList {
         match kind {
-            PoolKind::Small => &self.small,
-            PoolKind::Large => &self.large,
+            super::PoolKind::Small => &self.small,
+            super::PoolKind::Large => &self.large,
         }
     }
 
     /// The free list of `kind`, mutably.
-    pub fn get_mut(&mut self, kind: PoolKind) -> &mut FreeList {
+    pub fn get_mut(&mut self, kind: super::PoolKind) -> &mut FreeList {
         match kind {
-            PoolKind::Small => &mut self.small,
-            PoolKind::Large => &mut self.large,
+            super::PoolKind::Small => &mut self.small,
+            super::PoolKind::Large => &mut self.large,
         }
     }
 }
@@ -87,19 +209,64 @@ impl StreamPools {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::device::StreamHandle;
+    use crate::pool::PoolKind;
+
+    fn block(blocks: &mut Slab<Block>, size: usize, ptr: usize) -> BlockId {
+        blocks.insert(Block::segment(ptr, size, StreamHandle::DEFAULT, PoolKind::Large))
+    }
 
     #[test]
-    fn best_fit_prefers_smallest_then_lowest_address() {
+    fn mapping_is_monotonic_and_exact_below_32k() {
+        let mut last = (0, 0);
+        for units in 1..100_000usize {
+            let m = mapping(units << 9);
+            assert!(m >= last, "{units}");
+            last = m;
+        }
+        assert_eq!(mapping(512), (0, 1));
+        assert_eq!(mapping(63 << 9), (0, 63));
+        assert_ne!(mapping(64 << 9), mapping(63 << 9));
+    }
+
+    #[test]
+    fn best_fit_takes_the_smallest_block_that_fits() {
+        let mut blocks = Slab::new();
         let mut l = FreeList::default();
-        l.insert(4096, 0x3000, 3);
-        l.insert(2048, 0x2000, 2);
-        l.insert(2048, 0x1000, 1);
-        assert_eq!(l.best_fit(1024), Some((2048, 0x1000, 1)));
-        assert_eq!(l.best_fit(3000), Some((4096, 0x3000, 3)));
-        assert_eq!(l.best_fit(5000), None);
-        assert!(l.remove(2048, 0x1000, 1));
-        assert!(!l.remove(2048, 0x1000, 1));
-        assert_eq!(l.best_fit(1024), Some((2048, 0x2000, 2)));
-        assert_eq!(l.largest(), Some((4096, 0x3000, 3)));
+        let ids: Vec<_> = [(4096, 0x3000), (2048, 0x2000), (2048, 0x1000), (40 << 20, 0x9000), (33 << 20, 0x8000)]
+            .iter()
+            .map(|&(s, p)| block(&mut blocks, s, p))
+            .collect();
+        for &id in &ids {
+            l.insert(&mut blocks, id);
+        }
+        assert_eq!(l.best_fit(1024).unwrap().0, 2048);
+        assert_eq!(l.best_fit(3000), Some((4096, 0x3000, ids[0])));
+        assert_eq!(l.best_fit(5000), Some((33 << 20, 0x8000, ids[4])));
+        assert_eq!(l.best_fit(34 << 20), Some((40 << 20, 0x9000, ids[3])));
+        assert_eq!(l.best_fit(41 << 20), None);
+        assert!(l.remove(&mut blocks, ids[2]));
+        assert!(!l.remove(&mut blocks, ids[2]));
+        assert_eq!(l.best_fit(1024), Some((2048, 0x2000, ids[1])));
+        assert_eq!(l.len(), 4);
+        assert_eq!(l.iter_desc()[0].0, 40 << 20);
+        for &id in &[ids[0], ids[1], ids[3], ids[4]] {
+            assert!(l.remove(&mut blocks, id));
+        }
+        assert!(l.is_empty());
+        assert_eq!(l.best_fit(1), None);
+    }
+
+    #[test]
+    fn within_a_bin_the_smallest_fit_wins() {
+        // 33 MiB + k * 64 KiB all share one bin (64 sub-bins per power of two).
+        let mut blocks = Slab::new();
+        let mut l = FreeList::default();
+        for (i, k) in [7usize, 3, 9, 5].iter().enumerate() {
+            let id = block(&mut blocks, (33 << 20) + k * 65536, 0x1000 * (i + 1));
+            l.insert(&mut blocks, id);
+        }
+        assert_eq!(l.best_fit((33 << 20) + 4 * 65536).unwrap().0, (33 << 20) + 5 * 65536);
+        assert_eq!(l.best_fit(33 << 20).unwrap().0, (33 << 20) + 3 * 65536);
     }
 }
