@@ -92,16 +92,25 @@ pub(super) fn check(
             if !b.allocated && !b.stream_uses.is_empty() {
                 return Err(format!("block {id}: free but still lists stream uses"));
             }
+            if b.hot && !b.is_free() {
+                return Err(format!("block {id} is hot but not free"));
+            }
             if b.is_free() {
-                if let Some(p) = prev.filter(|&p| st.blocks[p].is_free()) {
+                let merged_away = |x: &crate::pool::Block| x.is_free() && !x.hot;
+                if let Some(p) = prev.filter(|&p| merged_away(&st.blocks[p]) && !b.hot) {
                     return Err(format!("free neighbours {p} and {id} were not merged"));
                 }
-                let in_list = st
-                    .pools
-                    .get(&b.stream)
-                    .is_some_and(|p| p.get(b.kind).iter().any(|e| e == (b.size, b.ptr, id)));
-                if !in_list {
-                    return Err(format!("free block {id} is missing from its free list"));
+                let pools = st.pools.get(&b.stream);
+                let in_list = pools.is_some_and(|p| p.get(b.kind).iter().any(|e| e == (b.size, b.ptr, id)));
+                let in_hot = pools.map_or(0, |p| p.hot.iter().filter(|h| **h == (b.size, id)).count());
+                match (b.hot, in_list, in_hot) {
+                    (false, true, 0) | (true, false, 1) => {}
+                    _ => {
+                        return Err(format!(
+                            "free block {id} (hot: {}) is in its free list: {in_list}, in the hot cache {in_hot} times",
+                            b.hot
+                        ))
+                    }
                 }
                 if b.is_split() {
                     add(&mut rc.inactive_split, b.kind, 1);
@@ -161,11 +170,16 @@ pub(super) fn check(
             }
         }
     }
-    let free_count = st.blocks.iter().filter(|(_, b)| b.is_free()).count();
+    let free_count = st.blocks.iter().filter(|(_, b)| b.is_free() && !b.hot).count();
     if listed != free_count {
         return Err(format!(
             "{listed} free-list entries for {free_count} free blocks"
         ));
+    }
+    let hot_count: usize = st.pools.values().map(|p| p.hot.len()).sum();
+    let hot_blocks = st.blocks.iter().filter(|(_, b)| b.hot).count();
+    if hot_count != hot_blocks {
+        return Err(format!("{hot_count} hot-cache entries for {hot_blocks} hot blocks"));
     }
 
     // The pointer map holds exactly the allocated blocks.

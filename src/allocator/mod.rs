@@ -139,6 +139,12 @@ impl CachingAllocator {
         self.state.lock().empty_cache(&*self.device, self.index)
     }
 
+    /// Merges recently freed blocks (the hot cache) into the free lists now; this also
+    /// happens by itself before any device allocation or cache release.
+    pub fn coalesce_now(&self) {
+        self.state.lock().flush_hot();
+    }
+
     /// Caps reserved memory at `fraction` of the device's total memory.
     pub fn set_memory_fraction(&self, fraction: f64) -> Result<(), Error> {
         if !(0.0..=1.0).contains(&fraction) || fraction.is_nan() {

@@ -19,6 +19,7 @@ use crate::error::Error;
 use crate::pool::rounding::{
     allocation_size, round_size, LARGE_BUFFER, MIN_BLOCK, ROUND_LARGE, SMALL_SIZE,
 };
+use crate::pool::free_list::HOT_CAPACITY;
 use crate::pool::{Block, BlockId, PoolKind, StreamPools};
 use crate::profiling::Mstx;
 use crate::stats::{self, DeviceStats, StatType};
@@ -212,6 +213,10 @@ impl State {
         self.process_events(dev, index);
         let kind = PoolKind::for_size(rounded);
 
+        if let Some(id) = self.hot_take(stream, rounded) {
+            let id = self.alloc_found_block(id, size, rounded);
+            return Ok((self.blocks[id].ptr, id));
+        }
         let id = match self.get_free_block(stream, kind, rounded) {
             Some(id) => id,
             None => self.allocate_segment(dev, index, size, rounded, seg_size, stream, kind)?,
@@ -246,6 +251,12 @@ impl State {
         stream: StreamHandle,
         kind: PoolKind,
     ) -> Result<BlockId, Error> {
+        // Merge the hot cache first: its blocks may combine into a fit.
+        if self.flush_hot() {
+            if let Some(id) = self.get_free_block(stream, kind, rounded) {
+                return Ok(id);
+            }
+        }
         if self.gc_enabled() {
             self.garbage_collect(dev, index);
         }
@@ -419,13 +430,43 @@ impl State {
         }
     }
 
-    /// Returns a block to its free list, merging with free neighbours.
+    /// A block becomes reusable: into its stream's hot cache if there is room, else
+    /// into its free list, merged with free neighbours.
     fn free_block(&mut self, id: BlockId) {
-        let b = &self.blocks[id];
+        let b = &mut self.blocks[id];
         debug_assert!(b.is_free() && b.stream_uses.is_empty());
-        let (st, original_size, requested) = (b.kind.stat_type(), b.size, b.requested);
+        let (st, size, requested, stream, split) = (b.kind.stat_type(), b.size, b.requested, b.stream, b.is_split());
+        b.requested = 0;
+        stats::decrease(&mut self.stats.active, st, 1);
+        stats::decrease(&mut self.stats.active_bytes, st, size);
+        stats::decrease(&mut self.stats.requested_bytes, st, requested);
+        // Only small-pool blocks: parking large blocks unmerged changes where later
+        // large requests land and costs reserve (measured on the shipped traces).
+        let small = self.blocks[id].kind == PoolKind::Small;
+        let hot = &mut self.pools.entry(stream).or_default().hot;
+        if small && hot.len() < HOT_CAPACITY {
+            hot.push((size, id));
+            self.blocks[id].hot = true;
+            if split {
+                stats::increase(&mut self.stats.inactive_split, st, 1);
+                stats::increase(&mut self.stats.inactive_split_bytes, st, size);
+            }
+            return;
+        }
+        self.coalesce(id, false);
+    }
+
+    /// Puts free block `id` in its free list, merged with free neighbours. `counted`:
+    /// the block is already counted as an inactive split (it comes from the hot cache).
+    fn coalesce(&mut self, id: BlockId, counted: bool) {
+        let b = &self.blocks[id];
+        let st = b.kind.stat_type();
         let mut net_blocks: i64 = 0;
         let mut net_bytes: i64 = 0;
+        if counted && b.is_split() {
+            net_blocks -= 1;
+            net_bytes -= b.size as i64;
+        }
         let neighbours = [b.prev, b.next];
         for n in neighbours.into_iter().flatten() {
             let subsumed = self.try_merge(id, n);
@@ -434,7 +475,6 @@ impl State {
                 net_bytes -= subsumed as i64;
             }
         }
-        self.blocks[id].requested = 0;
         self.pool_insert(id);
         if self.blocks[id].is_split() {
             net_blocks += 1;
@@ -442,14 +482,34 @@ impl State {
         }
         apply_net(&mut self.stats.inactive_split, st, net_blocks);
         apply_net(&mut self.stats.inactive_split_bytes, st, net_bytes);
-        stats::decrease(&mut self.stats.active, st, 1);
-        stats::decrease(&mut self.stats.active_bytes, st, original_size);
-        stats::decrease(&mut self.stats.requested_bytes, st, requested);
+    }
+
+    /// Takes a hot block of exactly `size` bytes on `stream`, most recent first.
+    fn hot_take(&mut self, stream: StreamHandle, size: usize) -> Option<BlockId> {
+        let hot = &mut self.pools.get_mut(&stream)?.hot;
+        let pos = hot.iter().rposition(|&(s, _)| s == size)?;
+        let (_, id) = hot.remove(pos);
+        self.blocks[id].hot = false;
+        Some(id)
+    }
+
+    /// Moves every hot block into the free lists; returns whether there were any.
+    pub fn flush_hot(&mut self) -> bool {
+        let hot: Vec<BlockId> = self
+            .pools
+            .values_mut()
+            .flat_map(|p| p.hot.drain(..).map(|(_, id)| id))
+            .collect();
+        for &id in &hot {
+            self.blocks[id].hot = false;
+            self.coalesce(id, true);
+        }
+        !hot.is_empty()
     }
 
     /// Merges free neighbour `src` into `dst`; returns the bytes absorbed (0 if not free).
     fn try_merge(&mut self, dst: BlockId, src: BlockId) -> usize {
-        if !self.blocks[src].is_free() {
+        if !self.blocks[src].is_free() || self.blocks[src].hot {
             return 0;
         }
         self.pool_remove(src);
@@ -626,7 +686,7 @@ impl State {
             }
         }
         self.pools
-            .retain(|_, p| !(p.small.is_empty() && p.large.is_empty()));
+            .retain(|_, p| !(p.small.is_empty() && p.large.is_empty() && p.hot.is_empty()));
         result
     }
 
@@ -639,6 +699,7 @@ impl State {
         let markers = self.markers.clone();
         let _range = markers.range(|| format!("npualloc.cache_release dev{index}"));
         let synced = self.synchronize_and_free_events(dev, index);
+        self.flush_hot();
         let released = self.release_free_segments(dev, index);
         synced.and(released)
     }

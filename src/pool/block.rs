@@ -8,7 +8,8 @@
 //!   links are symmetric;
 //! - a segment's blocks share its stream and pool kind;
 //! - a block is *free* (`!allocated && event_count == 0`) exactly when it sits in its
-//!   stream's free list, and no two free blocks are neighbours;
+//!   stream's free list or, marked `hot`, in its stream's hot cache; no two free blocks
+//!   outside the hot cache are neighbours;
 //! - `stream_uses` never contains the block's own stream, and is empty unless allocated.
 
 use smallvec::SmallVec;
@@ -76,6 +77,8 @@ pub struct Block {
     pub freed_at: u64,
     /// Index of the block's entry in its free-list bin (meaningful while free).
     pub bin_pos: u32,
+    /// Free, but parked in its stream's hot cache instead of the free lists (not merged).
+    pub hot: bool,
 }
 
 impl Block {
@@ -95,6 +98,7 @@ impl Block {
             gc_count_base: 0,
             freed_at: 0,
             bin_pos: 0,
+            hot: false,
         }
     }
 

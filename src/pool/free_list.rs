@@ -179,13 +179,22 @@ impl FreeList {
     }
 }
 
-/// The small and large free lists of one stream.
+/// Most blocks a stream's hot cache holds.
+pub const HOT_CAPACITY: usize = 16;
+
+/// The small and large free lists of one stream, and its hot cache: small-pool blocks
+/// freed recently, kept unmerged so that the next request of the same size takes one
+/// back without a search, split or merge. The cache is flushed into the free lists before
+/// any slow path (a device allocation, a cache release), so it never makes the
+/// allocator reserve more memory.
 #[derive(Default, Debug)]
 pub struct StreamPools {
     /// Blocks of the small pool.
     pub small: FreeList,
     /// Blocks of the large pool.
     pub large: FreeList,
+    /// Hot cache: (block size, block), most recent last.
+    pub hot: Vec<(usize, BlockId)>,
 }
 
 impl StreamPools {

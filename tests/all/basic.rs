@@ -39,6 +39,10 @@ fn small_requests_share_a_2mib_segment_and_coalesce() {
     a.free(ps[0]).unwrap();
     a.free(ps[2]).unwrap();
     check(&a);
+    // Freed blocks wait unmerged in the hot cache until a slow path, or until asked.
+    assert_eq!(a.segments()[0].blocks.len(), 4);
+    a.coalesce_now();
+    check(&a);
     let segs = a.segments();
     assert_eq!(segs.len(), 1);
     assert_eq!(
