@@ -5,18 +5,25 @@
 //! cached blocks and retry → release every cached segment (synchronising events) and
 //! retry → out of memory.
 //!
-//! Locking: all block state sits behind one mutex per device; the pointer → block map
-//! is a `DashMap` so a free finds its block without scanning. Device calls are made
-//! with the mutex held, as PyTorch does by default.
+//! Locking: blocks are only ever reused on their own stream, so each stream has its own
+//! shard (block arena, free lists, events, statistics) behind its own mutex, found
+//! without a lock. Threads working on different streams do not contend; device-wide
+//! counters (reserved bytes, the memory fraction) are atomics touched only on slow
+//! paths. The pointer → (shard, block) map is a `DashMap`. Device calls are made with
+//! the shard's mutex held, as PyTorch does by default; the last-resort cache release
+//! takes the other shards' mutexes one at a time with its own released.
 
 mod invariants;
 mod oom;
+mod shards;
+mod shared;
 mod state;
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use dashmap::DashMap;
-use parking_lot::Mutex;
+use parking_lot::RwLock;
 use rustc_hash::FxBuildHasher;
 
 use crate::config::Config;
@@ -24,9 +31,12 @@ use crate::device::{Device, DeviceIndex, DevicePtr, StreamHandle};
 use crate::error::Error;
 use crate::pool::BlockId;
 use crate::profiling::Mstx;
-use crate::stats::DeviceStats;
-use state::State;
+use crate::stats::{DeviceStats, Stat, StatArray};
+use shards::{Shard, ShardTable};
+use shared::Shared;
+use state::{NoPeers, Peers, State};
 
+pub use shards::MAX_STREAMS;
 pub use state::{BlockInfo, BlockState, SegmentInfo};
 
 /// Current memory use of one allocator.
@@ -38,12 +48,17 @@ pub struct Usage {
     pub reserved: usize,
 }
 
+/// Where a live allocation lives: its shard's table index and its block.
+type Location = (u32, BlockId);
+
 /// A thread-safe caching allocator for one device.
 pub struct CachingAllocator {
     device: Arc<dyn Device>,
     index: DeviceIndex,
-    state: Mutex<State>,
-    ptrs: DashMap<DevicePtr, BlockId, FxBuildHasher>,
+    shared: Arc<Shared>,
+    markers: RwLock<Arc<Mstx>>,
+    shards: ShardTable,
+    ptrs: DashMap<DevicePtr, Location, FxBuildHasher>,
 }
 
 impl std::fmt::Debug for CachingAllocator {
@@ -68,14 +83,19 @@ impl CachingAllocator {
         Ok(CachingAllocator {
             device,
             index: index as DeviceIndex,
-            state: Mutex::new(State::new(config, Mstx::global())),
+            shared: Arc::new(Shared::new(config)),
+            markers: RwLock::new(Mstx::global()),
+            shards: ShardTable::new(),
             ptrs: DashMap::with_hasher(FxBuildHasher),
         })
     }
 
     /// Uses `markers` for profiler ranges instead of the process-wide mstx library.
     pub fn with_markers(self, markers: Arc<Mstx>) -> Self {
-        self.state.lock().markers = markers;
+        for s in self.shards.all() {
+            s.state.lock().markers = markers.clone();
+        }
+        *self.markers.write() = markers;
         self
     }
 
@@ -89,37 +109,127 @@ impl CachingAllocator {
         &self.device
     }
 
+    /// The shard of `stream`, created (after checking the stream) on first use.
+    fn shard(&self, stream: StreamHandle) -> Result<(u32, &Shard), Error> {
+        if let Some(found) = self.shards.get(stream) {
+            return Ok(found);
+        }
+        self.device.check_stream(self.index, stream)?;
+        let markers = self.markers.read().clone();
+        self.shards
+            .get_or_insert(stream, || State::new(self.shared.clone(), markers))
+            .ok_or_else(|| {
+                Error::InvalidState(format!(
+                    "device {} already serves {MAX_STREAMS} streams",
+                    self.index
+                ))
+            })
+    }
+
+    /// Publishes a shard's count of waiting frees.
+    fn set_pending(&self, shard: &Shard, n: usize) {
+        let old = shard.pending.swap(n, Ordering::Relaxed);
+        if old != n {
+            self.shared
+                .pending_total
+                .fetch_add(n as isize - old as isize, Ordering::Relaxed);
+        }
+    }
+
+    /// Polls the pending frees of other shards that have any, without waiting for a lock.
+    fn poll_others(&self, own: u32) {
+        for s in self.shards.all() {
+            if s.pending.load(Ordering::Relaxed) > 0 {
+                if let Some(mut st) = s.state.try_lock() {
+                    if self.shards.get(s.stream).map(|(i, _)| i) != Some(own) {
+                        st.process_events(&*self.device, self.index);
+                        self.set_pending(s, st.pending_count());
+                    }
+                }
+            }
+        }
+    }
+
     /// Allocates at least `size` bytes for use on `stream`.
     pub fn malloc(&self, size: usize, stream: StreamHandle) -> Result<DevicePtr, Error> {
-        let mut st = self.state.lock();
-        let (ptr, id) = st.malloc(&*self.device, self.index, size, stream)?;
-        self.ptrs.insert(ptr, id);
+        if size == 0 {
+            return Err(Error::ZeroSize);
+        }
+        let (si, shard) = self.shard(stream)?;
+        let dev = &*self.device;
+        // Every malloc polls every stream's pending frees (others' only when they have some).
+        if self.shared.pending_total.load(Ordering::Relaxed)
+            > shard.pending.load(Ordering::Relaxed) as isize
+        {
+            self.poll_others(si);
+        }
+        {
+            let mut st = shard.state.lock();
+            let peers = OtherShards {
+                table: &self.shards,
+                own: stream,
+            };
+            let found = st.malloc(dev, self.index, size, stream, false, &peers);
+            self.set_pending(shard, st.pending_count());
+            if let Some((ptr, id)) = found? {
+                self.ptrs.insert(ptr, (si, id));
+                return Ok(ptr);
+            }
+        }
+        // Only the other streams' caches can help: release them one shard at a time
+        // (never holding two shard locks), then try once more.
+        for other in self.shards.all() {
+            if other.stream != stream {
+                let mut st = other.state.lock();
+                let _ = st.release_cached_blocks(dev, self.index);
+                self.set_pending(other, st.pending_count());
+            }
+        }
+        let mut st = shard.state.lock();
+        let found = st.malloc(dev, self.index, size, stream, true, &NoPeers);
+        self.set_pending(shard, st.pending_count());
+        let (ptr, id) = found?.expect("the last attempt either allocates or reports out of memory");
+        self.ptrs.insert(ptr, (si, id));
         Ok(ptr)
     }
 
     /// Frees `ptr`. If it was used on other streams, it is reused only after work
     /// queued on them at this moment has completed.
     pub fn free(&self, ptr: DevicePtr) -> Result<(), Error> {
-        let (_, id) = self
+        let (_, (si, id)) = self
             .ptrs
             .remove(&ptr)
             .ok_or(Error::UnknownPointer { ptr })?;
-        self.state.lock().free(&*self.device, self.index, id);
+        let shard = self.shards.by_index(si);
+        let mut st = shard.state.lock();
+        st.free(&*self.device, self.index, id);
+        let pending = st.pending_count();
+        drop(st);
+        self.set_pending(shard, pending);
+        if pending > 0 {
+            self.poll_others(si);
+        }
         Ok(())
+    }
+
+    fn locate(&self, ptr: DevicePtr) -> Result<(&Shard, BlockId), Error> {
+        let (si, id) = *self.ptrs.get(&ptr).ok_or(Error::UnknownPointer { ptr })?;
+        Ok((self.shards.by_index(si), id))
     }
 
     /// Marks `ptr` as used on `stream` (a no-op for the block's own stream).
     pub fn record_stream(&self, ptr: DevicePtr, stream: StreamHandle) -> Result<(), Error> {
-        let id = *self.ptrs.get(&ptr).ok_or(Error::UnknownPointer { ptr })?;
-        self.state
+        let (shard, id) = self.locate(ptr)?;
+        shard
+            .state
             .lock()
             .record_stream(&*self.device, self.index, id, ptr, stream)
     }
 
     /// Forgets a use of `ptr` on `stream` recorded earlier (torch_npu's `erase_stream`).
     pub fn erase_stream(&self, ptr: DevicePtr, stream: StreamHandle) -> Result<(), Error> {
-        let id = *self.ptrs.get(&ptr).ok_or(Error::UnknownPointer { ptr })?;
-        self.state.lock().erase_stream(id, ptr, stream)
+        let (shard, id) = self.locate(ptr)?;
+        shard.state.lock().erase_stream(id, ptr, stream)
     }
 
     /// Whether `ptr` is a live allocation of this allocator.
@@ -129,20 +239,30 @@ impl CachingAllocator {
 
     /// Start and size of the segment holding `ptr` (which must be a live allocation).
     pub fn base_allocation(&self, ptr: DevicePtr) -> Result<(DevicePtr, usize), Error> {
-        let id = *self.ptrs.get(&ptr).ok_or(Error::UnknownPointer { ptr })?;
-        Ok(self.state.lock().segment_of(id))
+        let (shard, id) = self.locate(ptr)?;
+        let st = shard.state.lock();
+        if !st
+            .blocks
+            .get(id)
+            .is_some_and(|b| b.allocated && b.ptr == ptr)
+        {
+            return Err(Error::UnknownPointer { ptr });
+        }
+        Ok(st.segment_of(id))
     }
 
     /// Waits for every pending event, then returns every unused cached segment (and
     /// idle event) to the device.
     pub fn empty_cache(&self) -> Result<(), Error> {
-        self.state.lock().empty_cache(&*self.device, self.index)
-    }
-
-    /// Merges recently freed blocks (the hot cache) into the free lists now; this also
-    /// happens by itself before any device allocation or cache release.
-    pub fn coalesce_now(&self) {
-        self.state.lock().flush_hot();
+        let mut result = Ok(());
+        for s in self.shards.all() {
+            let mut st = s.state.lock();
+            if let Err(e) = st.empty_cache(&*self.device, self.index) {
+                result = result.and(Err(e));
+            }
+            self.set_pending(s, st.pending_count());
+        }
+        result
     }
 
     /// Caps reserved memory at `fraction` of the device's total memory.
@@ -153,60 +273,215 @@ impl CachingAllocator {
             )));
         }
         let total = self.device.mem_info(self.index)?.total;
-        self.state.lock().allowed_max = Some((fraction * total as f64) as usize);
+        self.shared
+            .set_allowed_max((fraction * total as f64) as usize);
         Ok(())
     }
 
-    /// A copy of the statistics.
+    /// A copy of the statistics (PyTorch's `DeviceStats`).
+    ///
+    /// Current values and totals are exact. Peaks of the reserved and segment counters
+    /// are exact device-wide; the other peaks are exact while one stream is in use and,
+    /// with several streams, are the larger of each stream's peak and the sum of the
+    /// current values (streams are not synchronised with each other on the fast path).
     pub fn stats(&self) -> DeviceStats {
-        self.state.lock().stats_snapshot()
-    }
-
-    /// Current allocated and reserved bytes (cheaper than [`CachingAllocator::stats`]).
-    pub fn usage(&self) -> Usage {
-        let st = self.state.lock();
-        Usage {
-            allocated: st.stats.allocated_bytes[0].current.max(0) as usize,
-            reserved: st.reserved,
-        }
+        let shards = self.shards.all();
+        let mut per: Vec<DeviceStats> = shards
+            .iter()
+            .map(|s| s.state.lock().stats_snapshot())
+            .collect();
+        let mut out = match per.len() {
+            0 => DeviceStats {
+                max_split_size: i64::try_from(self.shared.config.max_split_size)
+                    .unwrap_or(i64::MAX),
+                ..DeviceStats::default()
+            },
+            1 => per.pop().expect("one shard"),
+            _ => sum_stats(&per),
+        };
+        out.reserved_bytes[0].peak = out.reserved_bytes[0]
+            .peak
+            .max(self.shared.reserved_peak.load(Ordering::Relaxed) as i64);
+        out
     }
 
     /// Sets every peak statistic to its current value.
     pub fn reset_peak_stats(&self) {
-        self.state.lock().stats.reset_peak();
+        for s in self.shards.all() {
+            s.state.lock().stats.reset_peak();
+        }
+        self.shared
+            .reserved_peak
+            .store(self.shared.reserved(), Ordering::Relaxed);
     }
 
     /// Zeroes the accumulated (`allocated`/`freed`) statistics and counters.
     pub fn reset_accumulated_stats(&self) {
-        self.state.lock().stats.reset_accumulated();
+        for s in self.shards.all() {
+            s.state.lock().stats.reset_accumulated();
+        }
     }
 
     /// The settings in force.
     pub fn config(&self) -> Config {
-        self.state.lock().config.clone()
+        self.shared.config.clone()
     }
 
     /// Every segment with its blocks, ordered by address.
     pub fn segments(&self) -> Vec<SegmentInfo> {
-        self.state.lock().segments()
+        let mut out: Vec<SegmentInfo> = self
+            .shards
+            .all()
+            .iter()
+            .flat_map(|s| s.state.lock().segments())
+            .collect();
+        out.sort_by_key(|s| s.address);
+        out
     }
 
-    /// Events this allocator has created, and how many of them sit idle in its pool.
+    /// Current allocated and reserved bytes (cheaper than [`CachingAllocator::stats`]).
+    pub fn usage(&self) -> Usage {
+        let allocated = self
+            .shards
+            .all()
+            .iter()
+            .map(|s| s.state.lock().stats.allocated_bytes[0].current.max(0) as usize)
+            .sum();
+        Usage {
+            allocated,
+            reserved: self.shared.reserved(),
+        }
+    }
+
+    /// Merges recently freed blocks (the hot caches) into the free lists now; this also
+    /// happens by itself before any device allocation or cache release.
+    pub fn coalesce_now(&self) {
+        for s in self.shards.all() {
+            s.state.lock().flush_hot();
+        }
+    }
+
+    /// Events this allocator has created, and how many of them sit idle in its pools.
     pub fn event_counts(&self) -> (u64, usize) {
-        let st = self.state.lock();
-        (st.events.created(), st.events.idle())
+        self.shards.all().iter().fold((0, 0), |(c, i), s| {
+            let st = s.state.lock();
+            (c + st.events.created(), i + st.events.idle())
+        })
     }
 
     /// Checks every internal invariant; the error names the first one broken.
     pub fn check_invariants(&self) -> Result<(), String> {
-        let st = self.state.lock();
-        invariants::check(&st, &self.ptrs)
+        let mut allocated = 0;
+        let mut reserved = 0;
+        for s in self.shards.all() {
+            let (si, _) = self.shards.get(s.stream).expect("listed shard");
+            let st = s.state.lock();
+            invariants::check(&st, si, &self.ptrs)?;
+            allocated += st.blocks.iter().filter(|(_, b)| b.allocated).count();
+            reserved += st.reserved;
+            if s.pending.load(Ordering::Relaxed) != st.pending_count() {
+                return Err(format!("shard {:?}: pending counter is stale", s.stream));
+            }
+        }
+        if self.ptrs.len() != allocated {
+            return Err(format!(
+                "pointer map has {} entries for {allocated} allocated blocks",
+                self.ptrs.len()
+            ));
+        }
+        if self.shared.reserved() != reserved {
+            return Err(format!(
+                "device-wide reserved {} but shards hold {reserved}",
+                self.shared.reserved()
+            ));
+        }
+        Ok(())
     }
+}
+
+/// The other shards of an allocator, visited without waiting for their locks.
+struct OtherShards<'a> {
+    table: &'a ShardTable,
+    own: StreamHandle,
+}
+
+impl Peers for OtherShards<'_> {
+    fn visit(&self, f: &mut dyn FnMut(&mut State) -> bool) {
+        for s in self.table.all() {
+            if s.stream == self.own {
+                continue;
+            }
+            if let Some(mut st) = s.state.try_lock() {
+                if !f(&mut st) {
+                    break;
+                }
+            }
+        }
+    }
+}
+
+fn sum_stat(a: &mut Stat, b: &Stat) {
+    a.current += b.current;
+    a.allocated += b.allocated;
+    a.freed += b.freed;
+    a.peak = a.peak.max(b.peak);
+}
+
+fn sum_array(a: &mut StatArray, b: &StatArray) {
+    for (x, y) in a.iter_mut().zip(b) {
+        sum_stat(x, y);
+    }
+}
+
+/// Several shards' statistics as one: exact sums; peaks as documented on `stats()`.
+fn sum_stats(per: &[DeviceStats]) -> DeviceStats {
+    let mut out = DeviceStats {
+        max_split_size: per[0].max_split_size,
+        ..DeviceStats::default()
+    };
+    for s in per {
+        for (a, b) in [
+            (&mut out.allocation, &s.allocation),
+            (&mut out.segment, &s.segment),
+            (&mut out.active, &s.active),
+            (&mut out.inactive_split, &s.inactive_split),
+            (&mut out.allocated_bytes, &s.allocated_bytes),
+            (&mut out.reserved_bytes, &s.reserved_bytes),
+            (&mut out.active_bytes, &s.active_bytes),
+            (&mut out.inactive_split_bytes, &s.inactive_split_bytes),
+            (&mut out.requested_bytes, &s.requested_bytes),
+        ] {
+            sum_array(a, b);
+        }
+        sum_stat(&mut out.oversize_allocations, &s.oversize_allocations);
+        sum_stat(&mut out.oversize_segments, &s.oversize_segments);
+        out.num_alloc_retries += s.num_alloc_retries;
+        out.num_ooms += s.num_ooms;
+        out.num_sync_all_streams += s.num_sync_all_streams;
+        out.num_device_alloc += s.num_device_alloc;
+        out.num_device_free += s.num_device_free;
+    }
+    for arr in [
+        &mut out.allocation,
+        &mut out.segment,
+        &mut out.active,
+        &mut out.inactive_split,
+        &mut out.allocated_bytes,
+        &mut out.reserved_bytes,
+        &mut out.active_bytes,
+        &mut out.inactive_split_bytes,
+        &mut out.requested_bytes,
+    ] {
+        for s in arr.iter_mut() {
+            s.peak = s.peak.max(s.current);
+        }
+    }
+    out
 }
 
 impl Drop for CachingAllocator {
     fn drop(&mut self) {
         // Best effort: live allocations stay with their owners; everything cached goes back.
-        let _ = self.state.get_mut().empty_cache(&*self.device, self.index);
+        let _ = self.empty_cache();
     }
 }

@@ -13,17 +13,31 @@ use std::sync::Arc;
 use slab::Slab;
 
 use super::oom;
+use super::shared::Shared;
 use crate::config::Config;
 use crate::device::{Device, DeviceError, DeviceIndex, DevicePtr, StreamHandle};
 use crate::error::Error;
+use crate::pool::free_list::HOT_CAPACITY;
 use crate::pool::rounding::{
     allocation_size, round_size, LARGE_BUFFER, MIN_BLOCK, ROUND_LARGE, SMALL_SIZE,
 };
-use crate::pool::free_list::HOT_CAPACITY;
 use crate::pool::{Block, BlockId, PoolKind, StreamPools};
 use crate::profiling::Mstx;
 use crate::stats::{self, DeviceStats, StatType};
 use crate::stream::{EventPool, PendingFrees};
+
+/// Access to the other streams' shards from inside one shard's slow path.
+pub(crate) trait Peers {
+    /// Calls `f` on each other shard whose lock is free right now, until it returns false.
+    fn visit(&self, f: &mut dyn FnMut(&mut State) -> bool);
+}
+
+/// No other shards (tests of one shard, and the last-resort pass).
+pub(crate) struct NoPeers;
+
+impl Peers for NoPeers {
+    fn visit(&self, _: &mut dyn FnMut(&mut State) -> bool) {}
+}
 
 /// How many recent reclaims are remembered for churn detection.
 const RECENT_RECLAIMS: usize = 64;
@@ -86,10 +100,9 @@ pub(super) struct State {
     pub parked: Vec<BlockId>,
     pub events: EventPool,
     pub stats: DeviceStats,
-    pub allowed_max: Option<usize>,
+    /// Settings and device-wide counters shared with the other streams' shards.
+    pub shared: Arc<Shared>,
     pub reserved: usize,
-    /// Highest `reserved` ever (not reset with the peak statistics).
-    pub reserved_hwm: usize,
     pub gc_calls: u64,
     /// Number of malloc calls so far (the clock of segment idleness).
     pub malloc_calls: u64,
@@ -103,7 +116,8 @@ pub(super) struct State {
 }
 
 impl State {
-    pub fn new(config: Config, markers: Arc<Mstx>) -> Self {
+    pub fn new(shared: Arc<Shared>, markers: Arc<Mstx>) -> Self {
+        let config = shared.config.clone();
         let mut known_streams = FxHashSet::default();
         known_streams.insert(StreamHandle::DEFAULT);
         State {
@@ -115,9 +129,8 @@ impl State {
             parked: Vec::new(),
             events: EventPool::default(),
             stats: DeviceStats::default(),
-            allowed_max: None,
+            shared,
             reserved: 0,
-            reserved_hwm: 0,
             gc_calls: 0,
             malloc_calls: 0,
             reclaim_min_idle: 0,
@@ -126,7 +139,7 @@ impl State {
         }
     }
 
-    fn check_stream(
+    pub fn check_stream(
         &mut self,
         dev: &dyn Device,
         index: DeviceIndex,
@@ -140,7 +153,7 @@ impl State {
     }
 
     fn gc_enabled(&self) -> bool {
-        self.allowed_max.is_some() && self.config.garbage_collection_threshold > 0.0
+        self.shared.allowed_max().is_some() && self.config.garbage_collection_threshold > 0.0
     }
 
     // ---- free lists -------------------------------------------------------------
@@ -192,13 +205,18 @@ impl State {
 
     // ---- malloc -----------------------------------------------------------------
 
+    /// Serves a request on this shard's stream. `Ok(None)`: only releasing the other
+    /// streams' caches could help; the caller does that (without this shard's lock
+    /// held) and calls again with `others_released`.
     pub fn malloc(
         &mut self,
         dev: &dyn Device,
         index: DeviceIndex,
         size: usize,
         stream: StreamHandle,
-    ) -> Result<(DevicePtr, BlockId), Error> {
+        others_released: bool,
+        peers: &dyn Peers,
+    ) -> Result<Option<(DevicePtr, BlockId)>, Error> {
         if size == 0 {
             return Err(Error::ZeroSize);
         }
@@ -209,20 +227,32 @@ impl State {
             .ok_or_else(too_large)?;
         let rounded = round_size(padded, &self.config).ok_or_else(too_large)?;
         let seg_size = self.segment_size(rounded).ok_or_else(too_large)?;
-        self.check_stream(dev, index, stream)?;
         self.process_events(dev, index);
         let kind = PoolKind::for_size(rounded);
 
         if let Some(id) = self.hot_take(stream, rounded) {
             let id = self.alloc_found_block(id, size, rounded);
-            return Ok((self.blocks[id].ptr, id));
+            return Ok(Some((self.blocks[id].ptr, id)));
         }
         let id = match self.get_free_block(stream, kind, rounded) {
             Some(id) => id,
-            None => self.allocate_segment(dev, index, size, rounded, seg_size, stream, kind)?,
+            None => match self.allocate_segment(
+                dev,
+                index,
+                size,
+                rounded,
+                seg_size,
+                stream,
+                kind,
+                others_released,
+                peers,
+            )? {
+                Some(id) => id,
+                None => return Ok(None),
+            },
         };
         let id = self.alloc_found_block(id, size, rounded);
-        Ok((self.blocks[id].ptr, id))
+        Ok(Some((self.blocks[id].ptr, id)))
     }
 
     /// The device allocation for a block of `rounded` bytes: PyTorch's sizes, or with
@@ -234,7 +264,7 @@ impl State {
         if !self.config.adaptive_segments || rounded <= SMALL_SIZE {
             return Some(pytorch);
         }
-        let floor = (self.reserved_hwm / ADAPTIVE_DIVISOR).clamp(LARGE_BUFFER, ADAPTIVE_MAX);
+        let floor = (self.shared.hwm() / ADAPTIVE_DIVISOR).clamp(LARGE_BUFFER, ADAPTIVE_MAX);
         let exact = rounded.checked_next_multiple_of(ROUND_LARGE)?;
         Some(exact.max(floor.next_multiple_of(ROUND_LARGE)))
     }
@@ -250,24 +280,30 @@ impl State {
         seg_size: usize,
         stream: StreamHandle,
         kind: PoolKind,
-    ) -> Result<BlockId, Error> {
+        others_released: bool,
+        peers: &dyn Peers,
+    ) -> Result<Option<BlockId>, Error> {
         // Merge the hot cache first: its blocks may combine into a fit.
         if self.flush_hot() {
             if let Some(id) = self.get_free_block(stream, kind, rounded) {
-                return Ok(id);
+                return Ok(Some(id));
             }
         }
-        if self.gc_enabled() {
-            self.garbage_collect(dev, index);
-        }
-        self.release_empty_before_growth(dev, index, seg_size);
-        if let Some(id) = self.alloc_block(dev, index, seg_size, stream, kind)? {
-            return Ok(id);
-        }
-        if self.release_available_cached_blocks(dev, index, stream, kind, rounded) {
+        if !others_released {
+            if self.gc_enabled() {
+                self.garbage_collect(dev, index, peers);
+            }
+            self.release_empty_before_growth(dev, index, seg_size, peers);
             if let Some(id) = self.alloc_block(dev, index, seg_size, stream, kind)? {
-                return Ok(id);
+                return Ok(Some(id));
             }
+            if self.release_available_cached_blocks(dev, index, stream, kind, rounded) {
+                if let Some(id) = self.alloc_block(dev, index, seg_size, stream, kind)? {
+                    return Ok(Some(id));
+                }
+            }
+            // Only releasing every cache (the other streams' too) can help now.
+            return Ok(None);
         }
         // Last resort: wait for all pending frees, release every cached segment, retry.
         let markers = self.markers.clone();
@@ -276,14 +312,21 @@ impl State {
         self.stats.num_alloc_retries += 1;
         if released.is_ok() {
             if let Some(id) = self.alloc_block(dev, index, seg_size, stream, kind)? {
-                return Ok(id);
+                return Ok(Some(id));
             }
         }
         self.stats.num_ooms += 1;
         let info = dev.mem_info(index).ok();
         Err(Error::OutOfMemory {
             requested: size,
-            message: oom::message(index, size, seg_size, info, self.allowed_max, &self.stats),
+            message: oom::message(
+                index,
+                size,
+                seg_size,
+                info,
+                self.shared.allowed_max(),
+                &self.stats,
+            ),
         })
     }
 
@@ -296,10 +339,8 @@ impl State {
         stream: StreamHandle,
         kind: PoolKind,
     ) -> Result<Option<BlockId>, Error> {
-        if let Some(max) = self.allowed_max {
-            if self.reserved.saturating_add(seg_size) > max {
-                return Ok(None);
-            }
+        if !self.shared.try_reserve(seg_size) {
+            return Ok(None); // over the memory fraction
         }
         let markers = self.markers.clone();
         let range = markers.range(|| format!("npualloc.device_malloc {seg_size}B dev{index}"));
@@ -307,11 +348,16 @@ impl State {
         drop(range);
         let ptr = match result {
             Ok(p) => p,
-            Err(e) if e.is_out_of_memory() => return Ok(None),
-            Err(e) => return Err(e.into()),
+            Err(e) => {
+                self.shared.unreserve(seg_size);
+                if e.is_out_of_memory() {
+                    return Ok(None);
+                }
+                return Err(e.into());
+            }
         };
         self.reserved += seg_size;
-        self.reserved_hwm = self.reserved_hwm.max(self.reserved);
+        self.shared.note_reserved();
         if !self.recent_reclaims.is_empty() {
             self.note_segment_malloc(seg_size);
         }
@@ -435,7 +481,13 @@ impl State {
     fn free_block(&mut self, id: BlockId) {
         let b = &mut self.blocks[id];
         debug_assert!(b.is_free() && b.stream_uses.is_empty());
-        let (st, size, requested, stream, split) = (b.kind.stat_type(), b.size, b.requested, b.stream, b.is_split());
+        let (st, size, requested, stream, split) = (
+            b.kind.stat_type(),
+            b.size,
+            b.requested,
+            b.stream,
+            b.is_split(),
+        );
         b.requested = 0;
         stats::decrease(&mut self.stats.active, st, 1);
         stats::decrease(&mut self.stats.active_bytes, st, size);
@@ -657,6 +709,7 @@ impl State {
         self.pool_remove(id);
         self.blocks.remove(id);
         self.reserved -= size;
+        self.shared.unreserve(size);
         stats::decrease(&mut self.stats.segment, st, 1);
         stats::decrease(&mut self.stats.reserved_bytes, st, size);
         self.stats.num_device_free += 1;
@@ -759,15 +812,33 @@ impl State {
         dev: &dyn Device,
         index: DeviceIndex,
         seg_size: usize,
+        peers: &dyn Peers,
     ) {
         if !self.config.reclaim_before_growth {
             return;
         }
-        let min_idle = self.reclaim_min_idle;
-        let over = (self.reserved + seg_size).saturating_sub(self.reserved_hwm);
-        if over == 0 {
+        let over = (self.shared.reserved() + seg_size).saturating_sub(self.shared.hwm());
+        if over == 0 || dev.drain_before_free(index).is_err() {
             return;
         }
+        let mut released = self.release_idle_segments(dev, index, over);
+        if released < over {
+            peers.visit(&mut |other| {
+                released += other.release_idle_segments(dev, index, over - released);
+                released < over
+            });
+        }
+    }
+
+    /// Releases wholly empty cached segments idle long enough (largest first: the
+    /// fewest device frees for the bytes) until `want` bytes are freed; returns the bytes.
+    fn release_idle_segments(
+        &mut self,
+        dev: &dyn Device,
+        index: DeviceIndex,
+        want: usize,
+    ) -> usize {
+        let min_idle = self.reclaim_min_idle;
         let mut empties: Vec<(usize, BlockId)> = self
             .pools
             .values()
@@ -778,14 +849,10 @@ impl State {
             })
             .map(|(s, _, id)| (s, id))
             .collect();
-        if empties.is_empty() || dev.drain_before_free(index).is_err() {
-            return;
-        }
-        // Largest first: the fewest device frees for the bytes needed.
         empties.sort_by_key(|e| std::cmp::Reverse(e.0));
         let mut released = 0;
         for (s, id) in empties {
-            if released >= over {
+            if released >= want {
                 break;
             }
             if self.release_block(dev, index, id).is_ok() {
@@ -796,6 +863,7 @@ impl State {
                 self.recent_reclaims.push_back((s, self.malloc_calls));
             }
         }
+        released
     }
 
     /// A new segment of `size` bytes: if one like it was reclaimed recently, reclaiming
@@ -815,13 +883,28 @@ impl State {
 
     /// PyTorch's garbage collection: free old, unsplit large cached blocks until usage
     /// falls below the threshold.
-    fn garbage_collect(&mut self, dev: &dyn Device, index: DeviceIndex) {
-        let Some(max) = self.allowed_max else { return };
+    fn garbage_collect(&mut self, dev: &dyn Device, index: DeviceIndex, peers: &dyn Peers) {
+        let Some(max) = self.shared.allowed_max() else {
+            return;
+        };
         let threshold = (self.config.garbage_collection_threshold * max as f64) as usize;
-        if self.reserved <= threshold {
+        let reserved = self.shared.reserved();
+        if reserved <= threshold || dev.drain_before_free(index).is_err() {
             return;
         }
-        let target = self.reserved - threshold;
+        let target = reserved - threshold;
+        let mut reclaimed = self.collect_old_blocks(dev, index, target);
+        if reclaimed < target {
+            peers.visit(&mut |other| {
+                reclaimed += other.collect_old_blocks(dev, index, target - reclaimed);
+                reclaimed < target
+            });
+        }
+    }
+
+    /// Frees unsplit large cached blocks, oldest first by rounds of "older than the
+    /// average age", until `target` bytes are reclaimed; returns the bytes.
+    fn collect_old_blocks(&mut self, dev: &dyn Device, index: DeviceIndex, target: usize) -> usize {
         let mut candidates: Vec<(u64, usize, BlockId)> = self
             .pools
             .values()
@@ -829,9 +912,6 @@ impl State {
             .filter(|&(_, _, id)| !self.blocks[id].is_split())
             .map(|(s, _, id)| (self.gc_calls - self.blocks[id].gc_count_base, s, id))
             .collect();
-        if candidates.is_empty() || dev.drain_before_free(index).is_err() {
-            return;
-        }
         let mut reclaimed = 0;
         while reclaimed < target && !candidates.is_empty() {
             let avg = candidates.iter().map(|c| c.0).sum::<u64>() / candidates.len() as u64;
@@ -846,6 +926,7 @@ impl State {
                 }
             }
         }
+        reclaimed
     }
 
     pub fn empty_cache(&mut self, dev: &dyn Device, index: DeviceIndex) -> Result<(), Error> {
@@ -855,6 +936,11 @@ impl State {
     }
 
     // ---- inspection ----------------------------------------------------------------------
+
+    /// Frees waiting for events or a synchronisation.
+    pub fn pending_count(&self) -> usize {
+        self.pending.len() + self.parked.len()
+    }
 
     pub fn stats_snapshot(&self) -> DeviceStats {
         let mut s = self.stats;

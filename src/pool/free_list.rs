@@ -72,7 +72,11 @@ impl FreeList {
         let (fl, sl) = mapping(b.size);
         let bin = &mut self.bins[fl * SL + sl];
         b.bin_pos = bin.len() as u32;
-        bin.push(Entry { size: b.size, ptr: b.ptr, id: id as u32 });
+        bin.push(Entry {
+            size: b.size,
+            ptr: b.ptr,
+            id: id as u32,
+        });
         self.sl_bitmap[fl] |= 1 << sl;
         self.fl_bitmap |= 1 << fl;
         self.len += 1;
@@ -122,11 +126,19 @@ impl FreeList {
             return Some((e.size, e.ptr, e.id as usize));
         }
         // The next non-empty bin: every block there is larger than `size`.
-        let above = if sl + 1 < SL { self.sl_bitmap[fl] & (!0u64 << (sl + 1)) } else { 0 };
+        let above = if sl + 1 < SL {
+            self.sl_bitmap[fl] & (!0u64 << (sl + 1))
+        } else {
+            0
+        };
         let (fl, sl) = if above != 0 {
             (fl, above.trailing_zeros() as usize)
         } else {
-            let higher = if fl + 1 < FL { self.fl_bitmap & (!0u64 << (fl + 1)) } else { 0 };
+            let higher = if fl + 1 < FL {
+                self.fl_bitmap & (!0u64 << (fl + 1))
+            } else {
+                0
+            };
             if higher == 0 {
                 return None;
             }
@@ -158,7 +170,11 @@ impl FreeList {
                 Some(f * SL + s)
             })
         })
-        .flat_map(move |bin| self.bins[bin].iter().map(|e| (e.size, e.ptr, e.id as usize)))
+        .flat_map(move |bin| {
+            self.bins[bin]
+                .iter()
+                .map(|e| (e.size, e.ptr, e.id as usize))
+        })
     }
 
     /// Entries from largest to smallest.
@@ -222,7 +238,12 @@ mod tests {
     use crate::pool::PoolKind;
 
     fn block(blocks: &mut Slab<Block>, size: usize, ptr: usize) -> BlockId {
-        blocks.insert(Block::segment(ptr, size, StreamHandle::DEFAULT, PoolKind::Large))
+        blocks.insert(Block::segment(
+            ptr,
+            size,
+            StreamHandle::DEFAULT,
+            PoolKind::Large,
+        ))
     }
 
     #[test]
@@ -242,10 +263,16 @@ mod tests {
     fn best_fit_takes_the_smallest_block_that_fits() {
         let mut blocks = Slab::new();
         let mut l = FreeList::default();
-        let ids: Vec<_> = [(4096, 0x3000), (2048, 0x2000), (2048, 0x1000), (40 << 20, 0x9000), (33 << 20, 0x8000)]
-            .iter()
-            .map(|&(s, p)| block(&mut blocks, s, p))
-            .collect();
+        let ids: Vec<_> = [
+            (4096, 0x3000),
+            (2048, 0x2000),
+            (2048, 0x1000),
+            (40 << 20, 0x9000),
+            (33 << 20, 0x8000),
+        ]
+        .iter()
+        .map(|&(s, p)| block(&mut blocks, s, p))
+        .collect();
         for &id in &ids {
             l.insert(&mut blocks, id);
         }
@@ -275,7 +302,10 @@ mod tests {
             let id = block(&mut blocks, (33 << 20) + k * 65536, 0x1000 * (i + 1));
             l.insert(&mut blocks, id);
         }
-        assert_eq!(l.best_fit((33 << 20) + 4 * 65536).unwrap().0, (33 << 20) + 5 * 65536);
+        assert_eq!(
+            l.best_fit((33 << 20) + 4 * 65536).unwrap().0,
+            (33 << 20) + 5 * 65536
+        );
         assert_eq!(l.best_fit(33 << 20).unwrap().0, (33 << 20) + 3 * 65536);
     }
 }

@@ -1,0 +1,106 @@
+//! The stream → shard table: one shard (block state behind its own mutex) per stream,
+//! found without taking any lock.
+//!
+//! Open addressing over a fixed number of slots. A slot's key is `stream + 1` (0 means
+//! empty); a key, once claimed, never changes, and its shard is published once through
+//! a `OnceLock`. Readers only load keys and wait for the shard of a claimed key.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
+
+use parking_lot::Mutex;
+
+use super::state::State;
+use crate::device::StreamHandle;
+
+/// Most streams one device's allocator serves.
+pub const MAX_STREAMS: usize = 4096;
+
+/// One stream's allocator state.
+pub(crate) struct Shard {
+    pub stream: StreamHandle,
+    pub state: Mutex<State>,
+    /// Frees of this shard waiting for events (so others can skip polling it).
+    pub pending: AtomicUsize,
+}
+
+pub(crate) struct ShardTable {
+    keys: Box<[AtomicUsize]>,
+    slots: Box<[OnceLock<Shard>]>,
+    /// Slot indices in creation order (for iteration).
+    order: Mutex<Vec<usize>>,
+}
+
+fn hash(stream: StreamHandle) -> usize {
+    // Fibonacci hashing of the handle (pointers are aligned: mix the high bits down).
+    (stream.0 as u64)
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        .rotate_left(32) as usize
+}
+
+impl ShardTable {
+    pub fn new() -> Self {
+        ShardTable {
+            keys: (0..MAX_STREAMS).map(|_| AtomicUsize::new(0)).collect(),
+            slots: (0..MAX_STREAMS).map(|_| OnceLock::new()).collect(),
+            order: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The shard of `stream`, if it exists.
+    #[inline]
+    pub fn get(&self, stream: StreamHandle) -> Option<(u32, &Shard)> {
+        let key = stream.0.wrapping_add(1);
+        let mut i = hash(stream) % MAX_STREAMS;
+        for _ in 0..MAX_STREAMS {
+            match self.keys[i].load(Ordering::Acquire) {
+                0 => return None,
+                k if k == key => return Some((i as u32, self.slots[i].wait())),
+                _ => i = (i + 1) % MAX_STREAMS,
+            }
+        }
+        None
+    }
+
+    /// The shard of `stream`, created with `make` if needed; `None` when the table is full.
+    pub fn get_or_insert(
+        &self,
+        stream: StreamHandle,
+        make: impl FnOnce() -> State,
+    ) -> Option<(u32, &Shard)> {
+        let key = stream.0.wrapping_add(1);
+        let mut i = hash(stream) % MAX_STREAMS;
+        for _ in 0..MAX_STREAMS {
+            match self.keys[i].compare_exchange(0, key, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => {
+                    let shard = Shard {
+                        stream,
+                        state: Mutex::new(make()),
+                        pending: AtomicUsize::new(0),
+                    };
+                    let _ = self.slots[i].set(shard);
+                    self.order.lock().push(i);
+                    return Some((i as u32, self.slots[i].wait()));
+                }
+                Err(k) if k == key => return Some((i as u32, self.slots[i].wait())),
+                Err(_) => i = (i + 1) % MAX_STREAMS,
+            }
+        }
+        None
+    }
+
+    /// Shard by its index (as stored in the pointer map).
+    #[inline]
+    pub fn by_index(&self, i: u32) -> &Shard {
+        self.slots[i as usize].wait()
+    }
+
+    /// Every shard, in creation order.
+    pub fn all(&self) -> Vec<&Shard> {
+        let order = self.order.lock().clone();
+        order
+            .into_iter()
+            .filter_map(|i| self.slots[i].get())
+            .collect()
+    }
+}

@@ -1,0 +1,82 @@
+//! What a device's stream shards share: settings and device-wide memory counters.
+//!
+//! Only slow paths (device allocation and free, settings) write here, so shards on
+//! different streams do not contend on the fast path.
+
+use std::sync::atomic::{AtomicIsize, AtomicUsize, Ordering};
+
+use crate::config::Config;
+
+/// Device-wide state of one allocator.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub config: Config,
+    /// Device bytes held by all shards.
+    pub reserved: AtomicUsize,
+    /// Highest `reserved` ever (not reset with the peak statistics).
+    pub hwm: AtomicUsize,
+    /// Highest `reserved` since the last peak reset (the aggregate reserved peak).
+    pub reserved_peak: AtomicUsize,
+    /// Memory-fraction cap in bytes; `usize::MAX` when unset.
+    allowed_max: AtomicUsize,
+    /// Frees waiting for events, over all shards.
+    pub pending_total: AtomicIsize,
+}
+
+impl Shared {
+    pub fn new(config: Config) -> Self {
+        Shared {
+            config,
+            reserved: AtomicUsize::new(0),
+            hwm: AtomicUsize::new(0),
+            reserved_peak: AtomicUsize::new(0),
+            allowed_max: AtomicUsize::new(usize::MAX),
+            pending_total: AtomicIsize::new(0),
+        }
+    }
+
+    /// The memory-fraction cap, if set.
+    pub fn allowed_max(&self) -> Option<usize> {
+        match self.allowed_max.load(Ordering::Relaxed) {
+            usize::MAX => None,
+            n => Some(n),
+        }
+    }
+
+    pub fn set_allowed_max(&self, bytes: usize) {
+        self.allowed_max
+            .store(bytes.min(usize::MAX - 1), Ordering::Relaxed);
+    }
+
+    pub fn reserved(&self) -> usize {
+        self.reserved.load(Ordering::Relaxed)
+    }
+
+    pub fn hwm(&self) -> usize {
+        self.hwm.load(Ordering::Relaxed)
+    }
+
+    /// Tries to account `bytes` more reserved memory under the fraction cap (undo with
+    /// `unreserve` if the device allocation then fails; confirm with `note_reserved`).
+    pub fn try_reserve(&self, bytes: usize) -> bool {
+        let cap = self.allowed_max.load(Ordering::Relaxed);
+        let ok = self
+            .reserved
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |r| {
+                r.checked_add(bytes)
+                    .filter(|&n| cap == usize::MAX || n <= cap)
+            });
+        ok.is_ok()
+    }
+
+    /// Records the high-water marks after a reservation was backed by device memory.
+    pub fn note_reserved(&self) {
+        let now = self.reserved();
+        self.hwm.fetch_max(now, Ordering::Relaxed);
+        self.reserved_peak.fetch_max(now, Ordering::Relaxed);
+    }
+
+    pub fn unreserve(&self, bytes: usize) {
+        self.reserved.fetch_sub(bytes, Ordering::AcqRel);
+    }
+}
