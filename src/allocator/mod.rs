@@ -86,7 +86,8 @@ impl CachingAllocator {
             shared: Arc::new(Shared::new(config)),
             markers: RwLock::new(Mstx::global()),
             shards: ShardTable::new(),
-            ptrs: DashMap::with_hasher(FxBuildHasher),
+            // Many shards: threads on different streams rarely meet on one map lock.
+            ptrs: DashMap::with_hasher_and_shard_amount(FxBuildHasher, 128),
         })
     }
 
@@ -128,6 +129,9 @@ impl CachingAllocator {
 
     /// Publishes a shard's count of waiting frees.
     fn set_pending(&self, shard: &Shard, n: usize) {
+        if shard.pending.load(Ordering::Relaxed) == n {
+            return; // the common case: nothing waiting before or after
+        }
         let old = shard.pending.swap(n, Ordering::Relaxed);
         if old != n {
             self.shared

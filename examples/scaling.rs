@@ -1,0 +1,54 @@
+//! Aggregate throughput of malloc+free pairs: one thread on one stream against two
+//! threads on two streams (the mixed 512 B-8 MiB sizes), with a pure-compute loop as
+//! the machine's own scaling reference.
+//!
+//! Run: `cargo run --release --example scaling`
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use npualloc::device::sim::{SimConfig, SimDevice};
+use npualloc::{CachingAllocator, Config, StreamHandle};
+
+const PAIRS: usize = 5_000_000;
+
+fn pairs(a: &CachingAllocator, stream: StreamHandle) {
+    let sizes: Vec<usize> = (0..15).map(|i| 512usize << i).collect();
+    for i in 0..PAIRS {
+        let p = a.malloc(sizes[i % sizes.len()], stream).unwrap();
+        a.free(black_box(p)).unwrap();
+    }
+}
+
+fn compute(_: &CachingAllocator, _: StreamHandle) {
+    let mut x = 1u64;
+    for i in 0..PAIRS * 20 {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(i as u64);
+    }
+    black_box(x);
+}
+
+fn ratio(a: &CachingAllocator, streams: &[StreamHandle], f: fn(&CachingAllocator, StreamHandle)) -> f64 {
+    let t = Instant::now();
+    f(a, streams[0]);
+    let one = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    std::thread::scope(|s| {
+        for &st in &streams[..2] {
+            s.spawn(move || f(a, st));
+        }
+    });
+    2.0 * one / t.elapsed().as_secs_f64()
+}
+
+fn main() {
+    let sim = SimDevice::new(SimConfig::default());
+    let a = CachingAllocator::new(sim.clone(), 0, Config::default()).unwrap();
+    let streams = [sim.create_stream(0).unwrap(), sim.create_stream(0).unwrap()];
+    for round in 1..=3 {
+        let alloc = ratio(&a, &streams, pairs);
+        let cpu = ratio(&a, &streams, compute);
+        println!("round {round}: allocator 2-thread/1-thread throughput {alloc:.2}x; pure compute {cpu:.2}x");
+    }
+    a.check_invariants().unwrap();
+}
