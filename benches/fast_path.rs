@@ -30,7 +30,8 @@ fn fast_path(c: &mut Criterion) {
     let mut g = c.benchmark_group("malloc_free_pair");
     for size in [512usize, 64 << 10, 1 << 20, 8 << 20] {
         let (_sim, a) = allocator();
-        a.free(a.malloc(size, StreamHandle::DEFAULT).unwrap()).unwrap();
+        a.free(a.malloc(size, StreamHandle::DEFAULT).unwrap())
+            .unwrap();
         g.bench_with_input(BenchmarkId::from_parameter(size), &size, |b, &size| {
             b.iter(|| {
                 let p = a.malloc(black_box(size), StreamHandle::DEFAULT).unwrap();
@@ -91,9 +92,11 @@ fn scaling(c: &mut Criterion) {
     let mut g = c.benchmark_group("threads_streams");
     for threads in [1usize, 2] {
         let (sim, a) = allocator();
-        let streams: Vec<StreamHandle> = (0..threads).map(|_| sim.create_stream(0).unwrap()).collect();
+        let streams: Vec<StreamHandle> = (0..threads)
+            .map(|_| sim.create_stream(0).unwrap())
+            .collect();
         run_threads(&a, &streams, 1000); // warm every stream's cache
-        // Throughput counts pairs done by all threads together.
+                                         // Throughput counts pairs done by all threads together.
         g.throughput(Throughput::Elements(threads as u64));
         g.bench_function(BenchmarkId::from_parameter(threads), |b| {
             b.iter_custom(|iters| run_threads(&a, &streams, iters))
@@ -123,10 +126,20 @@ fn replay_speed(c: &mut Criterion) {
     g.throughput(Throughput::Elements(trace.ops.len() as u64));
     g.sample_size(20);
     g.bench_function("t5_train", |b| {
-        b.iter(|| replay(&trace, &ReplayOptions::default(), |_| {}).unwrap().events)
+        b.iter(|| {
+            replay(&trace, &ReplayOptions::default(), |_| {})
+                .unwrap()
+                .events
+        })
     });
     g.finish();
 }
 
-criterion_group!(benches, fast_path, scaling, cross_stream_cycle, replay_speed);
+criterion_group!(
+    benches,
+    fast_path,
+    scaling,
+    cross_stream_cycle,
+    replay_speed
+);
 criterion_main!(benches);

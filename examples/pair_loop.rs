@@ -16,7 +16,11 @@ fn main() {
     let sim = SimDevice::new(SimConfig::default());
     let conf = std::env::var("NPUALLOC_CONF").unwrap_or_default();
     let a = CachingAllocator::new(sim, 0, Config::parse(&conf).unwrap()).unwrap();
-    let sizes: Vec<usize> = (0..64).map(|i| 512usize << (i % 15)).collect();
+    let max_shift: usize = std::env::var("PAIR_MAX_SHIFT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(15);
+    let sizes: Vec<usize> = (0..64).map(|i| 512usize << (i % max_shift)).collect();
     for &s in &sizes {
         a.free(a.malloc(s, StreamHandle::DEFAULT).unwrap()).unwrap();
     }

@@ -28,7 +28,11 @@ fn compute(_: &CachingAllocator, _: StreamHandle) {
     black_box(x);
 }
 
-fn ratio(a: &CachingAllocator, streams: &[StreamHandle], f: fn(&CachingAllocator, StreamHandle)) -> f64 {
+fn ratio(
+    a: &CachingAllocator,
+    streams: &[StreamHandle],
+    f: fn(&CachingAllocator, StreamHandle),
+) -> f64 {
     let t = Instant::now();
     f(a, streams[0]);
     let one = t.elapsed().as_secs_f64();

@@ -80,10 +80,11 @@ impl CachingAllocator {
                 count,
             });
         }
+        let padding = device.request_padding();
         Ok(CachingAllocator {
             device,
             index: index as DeviceIndex,
-            shared: Arc::new(Shared::new(config)),
+            shared: Arc::new(Shared::new(config, padding)),
             markers: RwLock::new(Mstx::global()),
             shards: ShardTable::new(),
             // Many shards: threads on different streams rarely meet on one map lock.

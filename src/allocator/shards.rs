@@ -55,7 +55,7 @@ impl ShardTable {
         for _ in 0..MAX_STREAMS {
             match self.keys[i].load(Ordering::Acquire) {
                 0 => return None,
-                k if k == key => return Some((i as u32, self.slots[i].wait())),
+                k if k == key => return Some((i as u32, self.slot(i))),
                 _ => i = (i + 1) % MAX_STREAMS,
             }
         }
@@ -92,7 +92,16 @@ impl ShardTable {
     /// Shard by its index (as stored in the pointer map).
     #[inline]
     pub fn by_index(&self, i: u32) -> &Shard {
-        self.slots[i as usize].wait()
+        self.slot(i as usize)
+    }
+
+    /// The shard of a claimed slot (its creator may still be publishing it).
+    #[inline]
+    fn slot(&self, i: usize) -> &Shard {
+        match self.slots[i].get() {
+            Some(s) => s,
+            None => self.slots[i].wait(),
+        }
     }
 
     /// Every shard, in creation order.

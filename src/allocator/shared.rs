@@ -11,6 +11,8 @@ use crate::config::Config;
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub config: Config,
+    /// Bytes the device adds to each request before rounding.
+    pub padding: usize,
     /// Device bytes held by all shards.
     pub reserved: AtomicUsize,
     /// Highest `reserved` ever (not reset with the peak statistics).
@@ -24,9 +26,10 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub fn new(config: Config) -> Self {
+    pub fn new(config: Config, padding: usize) -> Self {
         Shared {
             config,
+            padding,
             reserved: AtomicUsize::new(0),
             hwm: AtomicUsize::new(0),
             reserved_peak: AtomicUsize::new(0),

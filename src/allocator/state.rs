@@ -223,11 +223,12 @@ impl State {
         self.malloc_calls += 1;
         let too_large = || Error::SizeTooLarge { requested: size };
         let padded = size
-            .checked_add(dev.request_padding())
+            .checked_add(self.shared.padding)
             .ok_or_else(too_large)?;
         let rounded = round_size(padded, &self.config).ok_or_else(too_large)?;
-        let seg_size = self.segment_size(rounded).ok_or_else(too_large)?;
-        self.process_events(dev, index);
+        if self.pending_count() > 0 {
+            self.process_events(dev, index);
+        }
         let kind = PoolKind::for_size(rounded);
 
         if let Some(id) = self.hot_take(stream, rounded) {
@@ -241,7 +242,7 @@ impl State {
                 index,
                 size,
                 rounded,
-                seg_size,
+                self.segment_size(rounded).ok_or_else(too_large)?,
                 stream,
                 kind,
                 others_released,
@@ -540,7 +541,7 @@ impl State {
     fn hot_take(&mut self, stream: StreamHandle, size: usize) -> Option<BlockId> {
         let hot = &mut self.pools.get_mut(&stream)?.hot;
         let pos = hot.iter().rposition(|&(s, _)| s == size)?;
-        let (_, id) = hot.remove(pos);
+        let (_, id) = hot.swap_remove(pos);
         self.blocks[id].hot = false;
         Some(id)
     }
