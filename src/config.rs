@@ -4,8 +4,8 @@
 //! Supported keys: `max_split_size_mb`, `max_non_split_rounding_mb`,
 //! `roundup_power2_divisions` (one power of two, or a list
 //! `[256:1,512:2,>:4]` keyed by MiB intervals), `garbage_collection_threshold`,
-//! `expandable_segments` (only `False` for now), `reclaim_before_growth` and `adaptive_segments` (npualloc's own; both `False`
-//! gives PyTorch's policy exactly).
+//! `expandable_segments` (only `False` for now), `reclaim_before_growth`, `adaptive_segments` and `hot_cache` (npualloc's own; all
+//! `False` gives PyTorch's policy exactly).
 
 use crate::error::Error;
 
@@ -32,6 +32,9 @@ pub struct Config {
     /// Large-pool segments grow with the reserved high-water mark (npualloc's addition;
     /// `False` gives PyTorch's segment sizes).
     pub adaptive_segments: bool,
+    /// Keep recently freed small-pool blocks unmerged for same-size reuse (npualloc's
+    /// addition; `False` gives PyTorch's placement).
+    pub hot_cache: bool,
 }
 
 impl Default for Config {
@@ -44,6 +47,7 @@ impl Default for Config {
             expandable_segments: false,
             reclaim_before_growth: true,
             adaptive_segments: true,
+            hot_cache: true,
         }
     }
 }
@@ -118,6 +122,9 @@ impl Config {
                 }
                 "adaptive_segments" => {
                     cfg.adaptive_segments = parse_bool(key, value)?;
+                }
+                "hot_cache" => {
+                    cfg.hot_cache = parse_bool(key, value)?;
                 }
                 "expandable_segments" => {
                     cfg.expandable_segments = match value {

@@ -495,7 +495,7 @@ impl State {
         stats::decrease(&mut self.stats.requested_bytes, st, requested);
         // Only small-pool blocks: parking large blocks unmerged changes where later
         // large requests land and costs reserve (measured on the shipped traces).
-        let small = self.blocks[id].kind == PoolKind::Small;
+        let small = self.blocks[id].kind == PoolKind::Small && self.config.hot_cache;
         let hot = &mut self.pools.entry(stream).or_default().hot;
         if small && hot.len() < HOT_CAPACITY {
             hot.push((size, id));

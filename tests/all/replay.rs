@@ -249,3 +249,42 @@ fn tempdir(tag: &str) -> PathBuf {
     std::fs::create_dir_all(&d).unwrap();
     d
 }
+
+/// PyTorch's caching-allocator policy replayed on these requests (from the performance
+/// issue): reserved / requested and device mallocs per trace.
+const PYTORCH_REFERENCE: [(&str, f64, u64); 4] = [
+    ("gpt2_infer.trace", 1.445, 8),
+    ("bert_train.trace", 1.164, 75),
+    ("resnet50_train.trace", 1.201, 70),
+    ("t5_train.trace", 1.158, 335),
+];
+
+#[test]
+fn pytorch_settings_reproduce_pytorch_and_defaults_beat_it() {
+    for (name, ratio, mallocs) in PYTORCH_REFERENCE {
+        let t = load(name);
+        let pytorch = ReplayOptions {
+            conf: "reclaim_before_growth:False,adaptive_segments:False,hot_cache:False".into(),
+            ..ReplayOptions::default()
+        };
+        let r = replay(&t, &pytorch, |_| {}).unwrap();
+        assert!(
+            (r.ratio() - ratio).abs() < 0.0005,
+            "{name}: {:.4} vs PyTorch {ratio}",
+            r.ratio()
+        );
+        assert_eq!(r.device_mallocs, mallocs, "{name}");
+        let ours = replay(&t, &ReplayOptions::default(), |_| {}).unwrap();
+        assert!(
+            ours.ratio() < ratio - 0.05,
+            "{name}: {:.3} is not clearly below PyTorch's {ratio}",
+            ours.ratio()
+        );
+        assert!(
+            ours.device_mallocs <= mallocs,
+            "{name}: {} device mallocs",
+            ours.device_mallocs
+        );
+        assert_eq!(ours.invariants, Ok(()));
+    }
+}
