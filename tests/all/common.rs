@@ -53,3 +53,27 @@ pub fn assert_drained(sim: &SimDevice, alloc: &CachingAllocator) {
     assert_eq!(s.allocated_bytes[0].current, 0);
     assert_eq!(s.active[0].current, 0);
 }
+
+/// Compiles the test C library `tests/<src>` (with `flags`) into the shared library `out`.
+pub fn build_c_library(src: &str, flags: &[&str], out: &std::path::Path) {
+    let src = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join(src);
+    let status = std::process::Command::new("cc")
+        .args([
+            "-shared",
+            "-fPIC",
+            "-O1",
+            "-fvisibility=hidden",
+            "-Wall",
+            "-Werror",
+        ])
+        .args(flags)
+        .arg("-o")
+        .arg(out)
+        .arg(&src)
+        .arg("-lpthread")
+        .status()
+        .expect("run cc to build a test library");
+    assert!(status.success(), "building {} failed", src.display());
+}

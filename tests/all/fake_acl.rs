@@ -2,7 +2,6 @@
 
 use std::ffi::{c_int, c_void};
 use std::path::PathBuf;
-use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
@@ -35,24 +34,7 @@ fn build_variant(flags: &[&str]) -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("fake-acl-{}", built.len()));
     std::fs::create_dir_all(&dir).unwrap();
     let out = dir.join("libascendcl.so");
-    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fake_acl/fake_acl.c");
-    let status = Command::new("cc")
-        .args([
-            "-shared",
-            "-fPIC",
-            "-O1",
-            "-fvisibility=hidden",
-            "-Wall",
-            "-Werror",
-        ])
-        .args(flags)
-        .arg("-o")
-        .arg(&out)
-        .arg(&src)
-        .arg("-lpthread")
-        .status()
-        .expect("run cc to build the fake ACL runtime");
-    assert!(status.success(), "building the fake ACL runtime failed");
+    crate::common::build_c_library("fake_acl/fake_acl.c", flags, &out);
     built.push((key, out.clone()));
     out
 }

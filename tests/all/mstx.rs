@@ -2,7 +2,6 @@
 
 use std::ffi::{c_char, CStr};
 use std::path::PathBuf;
-use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -38,27 +37,12 @@ impl Fake {
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("fake-mstx");
         std::fs::create_dir_all(&dir).unwrap();
         let out = dir.join(format!("libms_tools_ext-{}-{n}.so", std::process::id()));
-        let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fake_mstx/fake_mstx.c");
-        let mut cmd = Command::new("cc");
-        cmd.args([
-            "-shared",
-            "-fPIC",
-            "-O1",
-            "-fvisibility=hidden",
-            "-Wall",
-            "-Werror",
-        ]);
-        if no_domain {
-            cmd.arg("-DFAKE_MSTX_NO_DOMAIN");
-        }
-        assert!(cmd
-            .arg("-o")
-            .arg(&out)
-            .arg(&src)
-            .arg("-lpthread")
-            .status()
-            .unwrap()
-            .success());
+        let flags: &[&str] = if no_domain {
+            &["-DFAKE_MSTX_NO_DOMAIN"]
+        } else {
+            &[]
+        };
+        crate::common::build_c_library("fake_mstx/fake_mstx.c", flags, &out);
         let path = out.to_string_lossy().into_owned();
         // SAFETY: our own test library.
         let lib = unsafe { Library::new(&path) }.unwrap();
