@@ -155,7 +155,7 @@ pub(super) fn check(
 
     // Free lists hold only free blocks, each once.
     let mut listed = 0;
-    for (stream, pools) in &st.pools {
+    for (stream, pools) in st.pools.iter() {
         for kind in [PoolKind::Small, PoolKind::Large] {
             for (size, ptr, id) in pools.get(kind).iter() {
                 let b = st

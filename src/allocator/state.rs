@@ -7,7 +7,7 @@
 //! - a pending block's `event_count` equals its queued events plus parked frees;
 //! - `reserved` and every current statistic equal a recount of the blocks.
 
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashSet;
 use std::sync::Arc;
 
 use slab::Slab;
@@ -21,7 +21,7 @@ use crate::pool::free_list::HOT_CAPACITY;
 use crate::pool::rounding::{
     allocation_size, round_size, LARGE_BUFFER, MIN_BLOCK, ROUND_LARGE, SMALL_SIZE,
 };
-use crate::pool::{Block, BlockId, PoolKind, StreamPools};
+use crate::pool::{Block, BlockId, PoolKind, StreamMap};
 use crate::profiling::Mstx;
 use crate::stats::{self, DeviceStats, StatType};
 use crate::stream::{EventPool, PendingFrees};
@@ -92,7 +92,7 @@ pub struct SegmentInfo {
 pub(super) struct State {
     pub config: Config,
     pub blocks: Slab<Block>,
-    pub pools: FxHashMap<StreamHandle, StreamPools>,
+    pub pools: StreamMap,
     pub known_streams: FxHashSet<StreamHandle>,
     pub pending: PendingFrees,
     /// Blocks whose events could not be recorded: each holds one `event_count` token
@@ -123,7 +123,7 @@ impl State {
         State {
             config,
             blocks: Slab::new(),
-            pools: FxHashMap::default(),
+            pools: StreamMap::default(),
             known_streams,
             pending: PendingFrees::default(),
             parked: Vec::new(),
@@ -165,8 +165,7 @@ impl State {
         b.freed_at = now;
         let (stream, kind) = (b.stream, b.kind);
         self.pools
-            .entry(stream)
-            .or_default()
+            .get_or_default(stream)
             .get_mut(kind)
             .insert(&mut self.blocks, id);
     }
@@ -496,7 +495,7 @@ impl State {
         // Only small-pool blocks: parking large blocks unmerged changes where later
         // large requests land and costs reserve (measured on the shipped traces).
         let small = self.blocks[id].kind == PoolKind::Small && self.config.hot_cache;
-        let hot = &mut self.pools.entry(stream).or_default().hot;
+        let hot = &mut self.pools.get_or_default(stream).hot;
         if small && hot.len() < HOT_CAPACITY {
             hot.push((size, id));
             self.blocks[id].hot = true;

@@ -15,7 +15,7 @@
 use slab::Slab;
 
 use super::block::{Block, BlockId};
-use crate::device::DevicePtr;
+use crate::device::{DevicePtr, StreamHandle};
 
 const SL_LOG2: u32 = 6;
 const SL: usize = 1 << SL_LOG2;
@@ -231,10 +231,66 @@ impl StreamPools {
     }
 }
 
+/// The pools of a shard's streams: in practice one (a shard serves one stream), so a
+/// short vector searched linearly beats hashing.
+#[derive(Default, Debug)]
+pub struct StreamMap {
+    entries: Vec<(StreamHandle, StreamPools)>,
+}
+
+impl StreamMap {
+    /// The pools of `stream`.
+    #[inline]
+    pub fn get(&self, stream: &StreamHandle) -> Option<&StreamPools> {
+        self.entries.iter().find(|e| e.0 == *stream).map(|e| &e.1)
+    }
+
+    /// The pools of `stream`, mutably.
+    #[inline]
+    pub fn get_mut(&mut self, stream: &StreamHandle) -> Option<&mut StreamPools> {
+        self.entries
+            .iter_mut()
+            .find(|e| e.0 == *stream)
+            .map(|e| &mut e.1)
+    }
+
+    /// The pools of `stream`, created empty if needed.
+    #[inline]
+    pub fn get_or_default(&mut self, stream: StreamHandle) -> &mut StreamPools {
+        let i = match self.entries.iter().position(|e| e.0 == stream) {
+            Some(i) => i,
+            None => {
+                self.entries.push((stream, StreamPools::default()));
+                self.entries.len() - 1
+            }
+        };
+        &mut self.entries[i].1
+    }
+
+    /// Every stream's pools.
+    pub fn values(&self) -> impl Iterator<Item = &StreamPools> {
+        self.entries.iter().map(|e| &e.1)
+    }
+
+    /// Every stream's pools, mutably.
+    pub fn values_mut(&mut self) -> impl Iterator<Item = &mut StreamPools> {
+        self.entries.iter_mut().map(|e| &mut e.1)
+    }
+
+    /// Every (stream, pools).
+    pub fn iter(&self) -> impl Iterator<Item = (&StreamHandle, &StreamPools)> {
+        self.entries.iter().map(|e| (&e.0, &e.1))
+    }
+
+    /// Keeps the streams whose pools satisfy `keep`.
+    pub fn retain(&mut self, mut keep: impl FnMut(&StreamHandle, &mut StreamPools) -> bool) {
+        self.entries.retain_mut(|e| keep(&e.0, &mut e.1));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::StreamHandle;
     use crate::pool::PoolKind;
 
     fn block(blocks: &mut Slab<Block>, size: usize, ptr: usize) -> BlockId {

@@ -5,4 +5,4 @@ pub mod free_list;
 pub mod rounding;
 
 pub use block::{Block, BlockId, PoolKind};
-pub use free_list::{FreeList, StreamPools};
+pub use free_list::{FreeList, StreamMap, StreamPools};
