@@ -70,19 +70,28 @@ pub extern "C" fn npualloc_free(
     device: c_int,
     stream: npualloc_stream,
 ) {
-    let _ = (size, stream);
+    let _ = size;
     or_default("npualloc_free", (), || {
         if ptr.is_null() {
             return Ok(());
         }
         let rt = runtime()?;
-        let owner = rt
-            .owner_of(ptr as usize, Some(device))
-            .ok_or(Error::UnknownPointer { ptr: ptr as usize })?;
+        let p = ptr as usize;
         if let Some(r) = recorder() {
-            r.free(ptr as usize);
+            r.free(p); // logged first: a concurrent reuse of `p` must log after it
         }
-        Ok(owner.free(ptr as usize)?)
+        // The allocation's device and stream (as torch passes them) first.
+        let hinted = rt.existing_allocator(device);
+        let others = rt
+            .existing()
+            .filter(|a| !hinted.is_some_and(|h| std::ptr::eq(*a, h)));
+        for a in hinted.into_iter().chain(others) {
+            match a.free_on(p, Some(to_stream(stream))) {
+                Err(Error::UnknownPointer { .. }) => continue,
+                result => return Ok(result?),
+            }
+        }
+        Err(Error::UnknownPointer { ptr: p }.into())
     })
 }
 

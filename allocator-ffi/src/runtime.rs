@@ -177,6 +177,13 @@ impl Runtime {
         }))
     }
 
+    /// The allocator of `device` if it exists (no creation).
+    pub fn existing_allocator(&self, device: c_int) -> Option<&CachingAllocator> {
+        self.check_device(device)
+            .ok()
+            .and_then(|d| self.allocators[d].get())
+    }
+
     /// Allocators created so far.
     pub fn existing(&self) -> impl Iterator<Item = &CachingAllocator> {
         self.allocators.iter().filter_map(|a| a.get())

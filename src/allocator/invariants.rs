@@ -2,11 +2,7 @@
 
 use std::collections::HashMap;
 
-use dashmap::DashMap;
-use rustc_hash::FxBuildHasher;
-
 use super::state::State;
-use crate::device::DevicePtr;
 use crate::pool::{BlockId, PoolKind};
 use crate::stats::{StatArray, StatType};
 
@@ -44,12 +40,9 @@ fn compare(name: &str, stat: &StatArray, counted: &[i64; 3]) -> Result<(), Strin
     Ok(())
 }
 
-/// Checks one shard; `shard` is its index in the pointer map's locations.
-pub(super) fn check(
-    st: &State,
-    shard: u32,
-    ptrs: &DashMap<DevicePtr, (u32, BlockId), FxBuildHasher>,
-) -> Result<(), String> {
+/// Checks one shard.
+pub(super) fn check(st: &State) -> Result<(), String> {
+    let ptrs = &st.ptrs;
     let mut seen = vec![false; st.blocks.capacity()];
     let mut rc = Recount::default();
     let mut reserved = 0usize;
@@ -134,7 +127,7 @@ pub(super) fn check(
                         b.requested, b.size
                     ));
                 }
-                if ptrs.get(&b.ptr).map(|r| *r) != Some((shard, id)) {
+                if ptrs.get(&b.ptr) != Some(&id) {
                     return Err(format!(
                         "allocated block {id} is missing from the pointer map"
                     ));
@@ -182,6 +175,13 @@ pub(super) fn check(
     if listed != free_count {
         return Err(format!(
             "{listed} free-list entries for {free_count} free blocks"
+        ));
+    }
+    let allocated_count = st.blocks.iter().filter(|(_, b)| b.allocated).count();
+    if ptrs.len() != allocated_count {
+        return Err(format!(
+            "pointer map has {} entries for {allocated_count} allocated blocks",
+            ptrs.len()
         ));
     }
     let hot_count: usize = st.pools.values().map(|p| p.hot.len()).sum();

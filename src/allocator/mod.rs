@@ -9,7 +9,9 @@
 //! shard (block arena, free lists, events, statistics) behind its own mutex, found
 //! without a lock. Threads working on different streams do not contend; device-wide
 //! counters (reserved bytes, the memory fraction) are atomics touched only on slow
-//! paths. The pointer → (shard, block) map is a `DashMap`. Device calls are made with
+//! paths. Each shard maps its own live pointers to blocks: a free goes to the shard of
+//! the allocation's stream when the caller names it (torch does), else to the shard of
+//! this thread's last allocation, else searches the shards. Device calls are made with
 //! the shard's mutex held, as PyTorch does by default; the last-resort cache release
 //! takes the other shards' mutexes one at a time with its own released.
 
@@ -22,9 +24,7 @@ mod state;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use dashmap::DashMap;
 use parking_lot::RwLock;
-use rustc_hash::FxBuildHasher;
 
 use crate::config::Config;
 use crate::device::{Device, DeviceIndex, DevicePtr, StreamHandle};
@@ -48,9 +48,6 @@ pub struct Usage {
     pub reserved: usize,
 }
 
-/// Where a live allocation lives: its shard's table index and its block.
-type Location = (u32, BlockId);
-
 /// A thread-safe caching allocator for one device.
 pub struct CachingAllocator {
     device: Arc<dyn Device>,
@@ -58,7 +55,14 @@ pub struct CachingAllocator {
     shared: Arc<Shared>,
     markers: RwLock<Arc<Mstx>>,
     shards: ShardTable,
-    ptrs: DashMap<DevicePtr, Location, FxBuildHasher>,
+    /// Distinguishes allocators in the per-thread hint.
+    id: u64,
+}
+
+thread_local! {
+    /// (allocator id, shard index) of this thread's last allocation: where its next
+    /// free most likely belongs.
+    static LAST_SHARD: std::cell::Cell<(u64, u32)> = const { std::cell::Cell::new((0, 0)) };
 }
 
 impl std::fmt::Debug for CachingAllocator {
@@ -87,8 +91,10 @@ impl CachingAllocator {
             shared: Arc::new(Shared::new(config, padding)),
             markers: RwLock::new(Mstx::global()),
             shards: ShardTable::new(),
-            // Many shards: threads on different streams rarely meet on one map lock.
-            ptrs: DashMap::with_hasher_and_shard_amount(FxBuildHasher, 128),
+            id: {
+                static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+                NEXT.fetch_add(1, Ordering::Relaxed)
+            },
         })
     }
 
@@ -176,8 +182,8 @@ impl CachingAllocator {
             };
             let found = st.malloc(dev, self.index, size, stream, false, &peers);
             self.set_pending(shard, st.pending_count());
-            if let Some((ptr, id)) = found? {
-                self.ptrs.insert(ptr, (si, id));
+            if let Some((ptr, _)) = found? {
+                LAST_SHARD.with(|c| c.set((self.id, si)));
                 return Ok(ptr);
             }
         }
@@ -193,67 +199,109 @@ impl CachingAllocator {
         let mut st = shard.state.lock();
         let found = st.malloc(dev, self.index, size, stream, true, &NoPeers);
         self.set_pending(shard, st.pending_count());
-        let (ptr, id) = found?.expect("the last attempt either allocates or reports out of memory");
-        self.ptrs.insert(ptr, (si, id));
+        let (ptr, _) = found?.expect("the last attempt either allocates or reports out of memory");
+        LAST_SHARD.with(|c| c.set((self.id, si)));
         Ok(ptr)
     }
 
     /// Frees `ptr`. If it was used on other streams, it is reused only after work
     /// queued on them at this moment has completed.
     pub fn free(&self, ptr: DevicePtr) -> Result<(), Error> {
-        let (_, (si, id)) = self
-            .ptrs
-            .remove(&ptr)
-            .ok_or(Error::UnknownPointer { ptr })?;
-        let shard = self.shards.by_index(si);
-        let mut st = shard.state.lock();
-        st.free(&*self.device, self.index, id);
-        let pending = st.pending_count();
-        drop(st);
-        self.set_pending(shard, pending);
-        if pending > 0 {
-            self.poll_others(si);
-        }
-        Ok(())
+        self.free_on(ptr, None)
     }
 
-    fn locate(&self, ptr: DevicePtr) -> Result<(&Shard, BlockId), Error> {
-        let (si, id) = *self.ptrs.get(&ptr).ok_or(Error::UnknownPointer { ptr })?;
-        Ok((self.shards.by_index(si), id))
+    /// Frees `ptr`, allocated on `stream` (a hint that saves a search, as torch passes
+    /// it; a wrong or absent hint still finds the block).
+    pub fn free_on(&self, ptr: DevicePtr, stream: Option<StreamHandle>) -> Result<(), Error> {
+        let try_free = |shard: &Shard| -> bool {
+            let mut st = shard.state.lock();
+            let Some(id) = st.ptrs.remove(&ptr) else {
+                return false;
+            };
+            st.free(&*self.device, self.index, id);
+            self.set_pending(shard, st.pending_count());
+            true
+        };
+        let hinted = stream.and_then(|s| self.shards.get(s)).map(|(si, _)| si);
+        let (owner, last) = LAST_SHARD.with(|c| c.get());
+        let last = (owner == self.id)
+            .then_some(last)
+            .filter(|&l| Some(l) != hinted);
+        for si in [hinted, last].into_iter().flatten() {
+            if try_free(self.shards.by_index(si)) {
+                return Ok(());
+            }
+        }
+        for (si, shard) in self.shards.iter() {
+            if Some(si) != hinted && Some(si) != last && try_free(shard) {
+                return Ok(());
+            }
+        }
+        Err(Error::UnknownPointer { ptr })
+    }
+
+    /// Runs `f` with the locked shard holding the live allocation `ptr` and its block:
+    /// the hinted stream's shard first, then this thread's last one, then the rest.
+    fn with_owner<T>(
+        &self,
+        ptr: DevicePtr,
+        stream: Option<StreamHandle>,
+        f: impl FnOnce(&Shard, &mut State, BlockId) -> T,
+    ) -> Option<T> {
+        let mut f = Some(f);
+        let mut tried = [u32::MAX; 2];
+        let mut attempt = |shard: &Shard| -> Option<T> {
+            let mut st = shard.state.lock();
+            let id = *st.ptrs.get(&ptr)?;
+            Some((f.take().expect("runs once"))(shard, &mut st, id))
+        };
+        if let Some((si, shard)) = stream.and_then(|s| self.shards.get(s)) {
+            tried[0] = si;
+            if let Some(v) = attempt(shard) {
+                return Some(v);
+            }
+        }
+        let (owner, si) = LAST_SHARD.with(|c| c.get());
+        if owner == self.id && si != tried[0] {
+            tried[1] = si;
+            if let Some(v) = attempt(self.shards.by_index(si)) {
+                return Some(v);
+            }
+        }
+        for (si, shard) in self.shards.iter() {
+            if !tried.contains(&si) {
+                if let Some(v) = attempt(shard) {
+                    return Some(v);
+                }
+            }
+        }
+        None
     }
 
     /// Marks `ptr` as used on `stream` (a no-op for the block's own stream).
     pub fn record_stream(&self, ptr: DevicePtr, stream: StreamHandle) -> Result<(), Error> {
-        let (shard, id) = self.locate(ptr)?;
-        shard
-            .state
-            .lock()
-            .record_stream(&*self.device, self.index, id, ptr, stream)
+        let unknown = Error::UnknownPointer { ptr };
+        self.with_owner(ptr, None, |_, st, id| {
+            st.record_stream(&*self.device, self.index, id, ptr, stream)
+        })
+        .unwrap_or(Err(unknown))
     }
 
     /// Forgets a use of `ptr` on `stream` recorded earlier (torch_npu's `erase_stream`).
     pub fn erase_stream(&self, ptr: DevicePtr, stream: StreamHandle) -> Result<(), Error> {
-        let (shard, id) = self.locate(ptr)?;
-        shard.state.lock().erase_stream(id, ptr, stream)
+        self.with_owner(ptr, None, |_, st, id| st.erase_stream(id, ptr, stream))
+            .unwrap_or(Err(Error::UnknownPointer { ptr }))
     }
 
     /// Whether `ptr` is a live allocation of this allocator.
     pub fn owns(&self, ptr: DevicePtr) -> bool {
-        self.ptrs.contains_key(&ptr)
+        self.with_owner(ptr, None, |_, _, _| ()).is_some()
     }
 
     /// Start and size of the segment holding `ptr` (which must be a live allocation).
     pub fn base_allocation(&self, ptr: DevicePtr) -> Result<(DevicePtr, usize), Error> {
-        let (shard, id) = self.locate(ptr)?;
-        let st = shard.state.lock();
-        if !st
-            .blocks
-            .get(id)
-            .is_some_and(|b| b.allocated && b.ptr == ptr)
-        {
-            return Err(Error::UnknownPointer { ptr });
-        }
-        Ok(st.segment_of(id))
+        self.with_owner(ptr, None, |_, st, id| st.segment_of(id))
+            .ok_or(Error::UnknownPointer { ptr })
     }
 
     /// Waits for every pending event, then returns every unused cached segment (and
@@ -376,23 +424,18 @@ impl CachingAllocator {
 
     /// Checks every internal invariant; the error names the first one broken.
     pub fn check_invariants(&self) -> Result<(), String> {
-        let mut allocated = 0;
         let mut reserved = 0;
+        let mut seen = rustc_hash::FxHashSet::default();
         for s in self.shards.all() {
-            let (si, _) = self.shards.get(s.stream).expect("listed shard");
             let st = s.state.lock();
-            invariants::check(&st, si, &self.ptrs)?;
-            allocated += st.blocks.iter().filter(|(_, b)| b.allocated).count();
+            invariants::check(&st)?;
+            if let Some(p) = st.ptrs.keys().find(|&&p| !seen.insert(p)) {
+                return Err(format!("pointer {p:#x} is live in two shards"));
+            }
             reserved += st.reserved;
             if s.pending.load(Ordering::Relaxed) != st.pending_count() {
                 return Err(format!("shard {:?}: pending counter is stale", s.stream));
             }
-        }
-        if self.ptrs.len() != allocated {
-            return Err(format!(
-                "pointer map has {} entries for {allocated} allocated blocks",
-                self.ptrs.len()
-            ));
         }
         if self.shared.reserved() != reserved {
             return Err(format!(

@@ -5,7 +5,7 @@
 //! empty); a key, once claimed, never changes, and its shard is published once through
 //! a `OnceLock`. Readers only load keys and wait for the shard of a claimed key.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 use parking_lot::Mutex;
@@ -27,8 +27,9 @@ pub(crate) struct Shard {
 pub(crate) struct ShardTable {
     keys: Box<[AtomicUsize]>,
     slots: Box<[OnceLock<Shard>]>,
-    /// Slot indices in creation order (for iteration).
-    order: Mutex<Vec<usize>>,
+    /// Slot indices in creation order (`u32::MAX` until written), for lock-free iteration.
+    order: Box<[AtomicU32]>,
+    count: AtomicUsize,
 }
 
 fn hash(stream: StreamHandle) -> usize {
@@ -43,7 +44,8 @@ impl ShardTable {
         ShardTable {
             keys: (0..MAX_STREAMS).map(|_| AtomicUsize::new(0)).collect(),
             slots: (0..MAX_STREAMS).map(|_| OnceLock::new()).collect(),
-            order: Mutex::new(Vec::new()),
+            order: (0..MAX_STREAMS).map(|_| AtomicU32::new(u32::MAX)).collect(),
+            count: AtomicUsize::new(0),
         }
     }
 
@@ -79,7 +81,8 @@ impl ShardTable {
                         pending: AtomicUsize::new(0),
                     };
                     let _ = self.slots[i].set(shard);
-                    self.order.lock().push(i);
+                    let n = self.count.fetch_add(1, Ordering::AcqRel);
+                    self.order[n].store(i as u32, Ordering::Release);
                     return Some((i as u32, self.slots[i].wait()));
                 }
                 Err(k) if k == key => return Some((i as u32, self.slots[i].wait())),
@@ -104,12 +107,20 @@ impl ShardTable {
         }
     }
 
+    /// Every shard with its index, in creation order, without locking.
+    pub fn iter(&self) -> impl Iterator<Item = (u32, &Shard)> + '_ {
+        let n = self.count.load(Ordering::Acquire).min(MAX_STREAMS);
+        (0..n).filter_map(move |k| {
+            let i = self.order[k].load(Ordering::Acquire);
+            if i == u32::MAX {
+                return None;
+            }
+            self.slots[i as usize].get().map(|s| (i, s))
+        })
+    }
+
     /// Every shard, in creation order.
     pub fn all(&self) -> Vec<&Shard> {
-        let order = self.order.lock().clone();
-        order
-            .into_iter()
-            .filter_map(|i| self.slots[i].get())
-            .collect()
+        self.iter().map(|(_, s)| s).collect()
     }
 }

@@ -7,7 +7,7 @@
 //! - a pending block's `event_count` equals its queued events plus parked frees;
 //! - `reserved` and every current statistic equal a recount of the blocks.
 
-use rustc_hash::FxHashSet;
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::sync::Arc;
 
 use slab::Slab;
@@ -92,6 +92,8 @@ pub struct SegmentInfo {
 pub(super) struct State {
     pub config: Config,
     pub blocks: Slab<Block>,
+    /// This shard's live allocations: pointer → block.
+    pub ptrs: FxHashMap<DevicePtr, BlockId>,
     pub pools: StreamMap,
     pub known_streams: FxHashSet<StreamHandle>,
     pub pending: PendingFrees,
@@ -123,6 +125,7 @@ impl State {
         State {
             config,
             blocks: Slab::new(),
+            ptrs: FxHashMap::default(),
             pools: StreamMap::default(),
             known_streams,
             pending: PendingFrees::default(),
@@ -232,7 +235,9 @@ impl State {
 
         if let Some(id) = self.hot_take(stream, rounded) {
             let id = self.alloc_found_block(id, size, rounded);
-            return Ok(Some((self.blocks[id].ptr, id)));
+            let ptr = self.blocks[id].ptr;
+            self.ptrs.insert(ptr, id);
+            return Ok(Some((ptr, id)));
         }
         let id = match self.get_free_block(stream, kind, rounded) {
             Some(id) => id,
@@ -252,7 +257,9 @@ impl State {
             },
         };
         let id = self.alloc_found_block(id, size, rounded);
-        Ok(Some((self.blocks[id].ptr, id)))
+        let ptr = self.blocks[id].ptr;
+        self.ptrs.insert(ptr, id);
+        Ok(Some((ptr, id)))
     }
 
     /// The device allocation for a block of `rounded` bytes: PyTorch's sizes, or with
