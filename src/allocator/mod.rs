@@ -149,13 +149,11 @@ impl CachingAllocator {
 
     /// Polls the pending frees of other shards that have any, without waiting for a lock.
     fn poll_others(&self, own: u32) {
-        for s in self.shards.all() {
-            if s.pending.load(Ordering::Relaxed) > 0 {
+        for (si, s) in self.shards.iter() {
+            if si != own && s.pending.load(Ordering::Relaxed) > 0 {
                 if let Some(mut st) = s.state.try_lock() {
-                    if self.shards.get(s.stream).map(|(i, _)| i) != Some(own) {
-                        st.process_events(&*self.device, self.index);
-                        self.set_pending(s, st.pending_count());
-                    }
+                    st.process_events(&*self.device, self.index);
+                    self.set_pending(s, st.pending_count());
                 }
             }
         }
