@@ -81,3 +81,39 @@ fn threads_on_several_streams_never_overlap_and_balance() {
     sim.synchronize_device(0).unwrap();
     assert_drained(&sim, &a);
 }
+
+#[test]
+fn blocks_freed_by_other_threads_find_their_shard() {
+    // Allocations made on one thread (and stream) and freed on another: the free has no
+    // usable hint and must search the shards, while both threads keep allocating.
+    let (sim, a) = with(4 << 30, SimMode::Threaded, false, "");
+    let a = Arc::new(a);
+    let streams: Vec<StreamHandle> = (0..2).map(|_| sim.create_stream(0).unwrap()).collect();
+    let (tx0, rx1) = std::sync::mpsc::channel::<usize>();
+    let (tx1, rx0) = std::sync::mpsc::channel::<usize>();
+    let handles: Vec<_> = [(0usize, tx0, rx0), (1, tx1, rx1)]
+        .into_iter()
+        .map(|(t, tx, rx)| {
+            let (a, stream) = (a.clone(), streams[t]);
+            std::thread::spawn(move || {
+                for i in 0..4000usize {
+                    let p = a.malloc(512 << (i % 12), stream).unwrap();
+                    tx.send(p).unwrap();
+                    while let Ok(q) = rx.try_recv() {
+                        a.free(q).unwrap();
+                    }
+                }
+                drop(tx);
+                for q in rx {
+                    a.free(q).unwrap();
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    check(&a);
+    assert_eq!(a.stats().allocation[0].current, 0);
+    assert_drained(&sim, &a);
+}
