@@ -7,7 +7,7 @@
 //! - a pending block's `event_count` equals its queued events plus parked frees;
 //! - `reserved` and every current statistic equal a recount of the blocks.
 
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashSet;
 use std::sync::Arc;
 
 use slab::Slab;
@@ -21,7 +21,7 @@ use crate::pool::free_list::HOT_CAPACITY;
 use crate::pool::rounding::{
     allocation_size, round_size, LARGE_BUFFER, MIN_BLOCK, ROUND_LARGE, SMALL_SIZE,
 };
-use crate::pool::{Block, BlockId, PoolKind, StreamMap};
+use crate::pool::{Block, BlockId, PoolKind, PtrTable, StreamMap};
 use crate::profiling::Mstx;
 use crate::stats::{self, DeviceStats, StatType};
 use crate::stream::{EventPool, PendingFrees};
@@ -93,7 +93,7 @@ pub(super) struct State {
     pub config: Config,
     pub blocks: Slab<Block>,
     /// This shard's live allocations: pointer → block.
-    pub ptrs: FxHashMap<DevicePtr, BlockId>,
+    pub ptrs: PtrTable,
     pub pools: StreamMap,
     pub known_streams: FxHashSet<StreamHandle>,
     pub pending: PendingFrees,
@@ -125,7 +125,7 @@ impl State {
         State {
             config,
             blocks: Slab::new(),
-            ptrs: FxHashMap::default(),
+            ptrs: PtrTable::default(),
             pools: StreamMap::default(),
             known_streams,
             pending: PendingFrees::default(),

@@ -2,7 +2,9 @@
 
 pub mod block;
 pub mod free_list;
+pub mod ptr_table;
 pub mod rounding;
 
 pub use block::{Block, BlockId, PoolKind};
 pub use free_list::{FreeList, StreamMap, StreamPools};
+pub use ptr_table::PtrTable;
