@@ -20,7 +20,13 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(15);
-    let sizes: Vec<usize> = (0..64).map(|i| 512usize << (i % max_shift)).collect();
+    let min_shift: usize = std::env::var("PAIR_MIN_SHIFT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let sizes: Vec<usize> = (0..64)
+        .map(|i| 512usize << (min_shift + i % (max_shift - min_shift)))
+        .collect();
     for &s in &sizes {
         a.free(a.malloc(s, StreamHandle::DEFAULT).unwrap()).unwrap();
     }
