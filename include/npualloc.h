@@ -213,6 +213,12 @@ typedef struct {
 } npualloc_runtime_hooks;
 
 /**
+ * A callback told about every out-of-memory failure: device, bytes requested, capacity
+ * (the memory-fraction cap if set, else the device's total memory) and free bytes.
+ */
+typedef void (*npualloc_oom_observer)(int device, size_t requested, size_t capacity, size_t free);
+
+/**
  * Counters of one simulated device.
  */
 typedef struct {
@@ -364,6 +370,12 @@ int npualloc_check_invariants(int device);
  * Number of devices of the backend, or -1 with an error (backend unavailable).
  */
 int npualloc_device_count(void);
+
+/**
+ * Sets the function called (outside every allocator lock, on the allocating thread)
+ * after an allocation fails with out of memory; NULL removes it. Any time.
+ */
+int npualloc_set_oom_observer(npualloc_oom_observer observer);
 
 /**
  * This thread's last error message, or NULL if no call on this thread ever failed.

@@ -19,7 +19,7 @@ pub mod stats;
 pub mod stream;
 pub mod trace;
 
-pub use allocator::CachingAllocator;
+pub use allocator::{CachingAllocator, OomInfo};
 pub use config::Config;
 pub use device::{Device, DeviceError, DeviceIndex, DevicePtr, EventHandle, StreamHandle};
 pub use error::Error;

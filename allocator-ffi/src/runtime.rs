@@ -172,8 +172,10 @@ impl Runtime {
         let d = self.check_device(device)?;
         Ok(self.allocators[d].get_or_init(|| {
             let config = self.config.lock().clone();
-            CachingAllocator::new(self.backend.clone(), d as i64, config)
-                .expect("device index was checked")
+            let a = CachingAllocator::new(self.backend.clone(), d as i64, config)
+                .expect("device index was checked");
+            a.attach_oom_observer(crate::api::call_oom_observer);
+            a
         }))
     }
 

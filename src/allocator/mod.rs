@@ -48,6 +48,22 @@ pub struct Usage {
     pub reserved: usize,
 }
 
+/// What out-of-memory observers are told (PyTorch's `OutOfMemoryObserver` arguments).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OomInfo {
+    /// Device index.
+    pub device: DeviceIndex,
+    /// Bytes the failed request asked for.
+    pub requested: usize,
+    /// The memory-fraction cap if one is set, else the device's total memory.
+    pub capacity: usize,
+    /// Device memory the runtime reports free.
+    pub free: usize,
+}
+
+/// A callback run after an allocation fails with out of memory.
+pub type OomObserver = Arc<dyn Fn(OomInfo) + Send + Sync>;
+
 /// A thread-safe caching allocator for one device.
 pub struct CachingAllocator {
     device: Arc<dyn Device>,
@@ -57,6 +73,7 @@ pub struct CachingAllocator {
     shards: ShardTable,
     /// Distinguishes allocators in the per-thread hint.
     id: u64,
+    observers: RwLock<Vec<OomObserver>>,
 }
 
 thread_local! {
@@ -95,6 +112,7 @@ impl CachingAllocator {
                 static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
                 NEXT.fetch_add(1, Ordering::Relaxed)
             },
+            observers: RwLock::new(Vec::new()),
         })
     }
 
@@ -197,9 +215,39 @@ impl CachingAllocator {
         let mut st = shard.state.lock();
         let found = st.malloc(dev, self.index, size, stream, true, &NoPeers);
         self.set_pending(shard, st.pending_count());
+        drop(st);
+        if let Err(Error::OutOfMemory { .. }) = &found {
+            self.notify_oom(size); // outside every lock
+        }
         let (ptr, _) = found?.expect("the last attempt either allocates or reports out of memory");
         LAST_SHARD.with(|c| c.set((self.id, si)));
         Ok(ptr)
+    }
+
+    /// Adds a callback run (outside every allocator lock) whenever an allocation fails
+    /// with out of memory, after the cache was released and the request retried.
+    pub fn attach_oom_observer(&self, observer: impl Fn(OomInfo) + Send + Sync + 'static) {
+        self.observers.write().push(Arc::new(observer));
+    }
+
+    fn notify_oom(&self, requested: usize) {
+        let observers = self.observers.read().clone();
+        if observers.is_empty() {
+            return;
+        }
+        let info = self.device.mem_info(self.index).ok();
+        let info = OomInfo {
+            device: self.index,
+            requested,
+            capacity: self
+                .shared
+                .allowed_max()
+                .unwrap_or_else(|| info.map_or(0, |i| i.total)),
+            free: info.map_or(0, |i| i.free),
+        };
+        for o in observers {
+            o(info);
+        }
     }
 
     /// Frees `ptr`. If it was used on other streams, it is reused only after work

@@ -401,3 +401,35 @@ fn alternating_pools_do_not_churn_the_device() {
     check(&a);
     assert_drained(&sim, &a);
 }
+
+#[test]
+fn oom_observers_run_outside_the_locks_with_pytorchs_arguments() {
+    let (sim, a) = manual(64 * MIB);
+    let a = std::sync::Arc::new(a);
+    let seen = std::sync::Arc::new(parking_lot::Mutex::new(Vec::new()));
+    {
+        let (a2, seen) = (a.clone(), seen.clone());
+        // The observer calls back into the allocator: that deadlocks if a lock is held.
+        a.attach_oom_observer(move |info| seen.lock().push((info, a2.stats().num_ooms)));
+    }
+    let p = a.malloc(40 * MIB, S0).unwrap();
+    assert!(a.malloc(40 * MIB, S0).is_err());
+    a.set_memory_fraction(0.5).unwrap();
+    assert!(a.malloc(10 * MIB, S0).is_err());
+    let seen = seen.lock().clone();
+    assert_eq!(seen.len(), 2);
+    let (first, ooms) = seen[0];
+    assert_eq!(ooms, 1, "observers run after num_ooms is counted");
+    assert_eq!(
+        (first.device, first.requested, first.capacity),
+        (0, 40 * MIB, 64 * MIB)
+    );
+    assert_eq!(first.free, 64 * MIB - 40 * MIB);
+    assert_eq!(
+        seen[1].0.capacity,
+        32 * MIB,
+        "with a fraction, the capacity is the cap"
+    );
+    a.free(p).unwrap();
+    assert_drained(&sim, &a);
+}

@@ -171,6 +171,27 @@ static void test_tags(void) {
   CHECK(invariants_ok(0));
 }
 
+static int oom_calls = 0;
+static size_t oom_requested = 0, oom_capacity = 0;
+static void on_oom(int device, size_t requested, size_t capacity, size_t free_bytes) {
+  (void)device;
+  (void)free_bytes;
+  oom_calls++;
+  oom_requested = requested;
+  oom_capacity = capacity;
+}
+
+static void test_oom_observer(void) {
+  CHECK(npualloc_set_oom_observer(on_oom) == NPUALLOC_OK);
+  CHECK(npualloc_malloc((size_t)1 << 40, 0, NULL) == NULL);
+  CHECK(oom_calls == 1);
+  CHECK(oom_requested == (size_t)1 << 40);
+  CHECK(oom_capacity == (size_t)1 << 30); /* the 1 GiB test device */
+  CHECK(npualloc_set_oom_observer(NULL) == NPUALLOC_OK);
+  CHECK(npualloc_malloc((size_t)1 << 40, 0, NULL) == NULL);
+  CHECK(oom_calls == 1);
+}
+
 static void test_snapshot(const char *path) {
   void *p = npualloc_malloc(1000, 0, NULL);
   CHECK(npualloc_dump_snapshot(path) == NPUALLOC_OK);
@@ -219,6 +240,7 @@ int main(int argc, char **argv) {
   test_stats();
   test_fraction_and_configure();
   test_tags();
+  test_oom_observer();
   test_snapshot(argc > 1 ? argv[1] : "/tmp/npualloc-c-snapshot.json");
   test_hooks_too_late();
   test_drained();
