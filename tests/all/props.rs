@@ -165,7 +165,11 @@ fn run(ops: Vec<Op>) -> Result<u64, TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+    // 200 cases in CI; PROPTEST_CASES=N runs more.
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(200),
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn random_sequences_keep_invariants(ops in proptest::collection::vec(op(), 1..120)) {
