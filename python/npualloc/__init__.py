@@ -57,11 +57,15 @@ def _build_shim(lib_path):
     include = os.path.join(os.path.dirname(os.path.dirname(here)), "include")
     if not os.path.isdir(include):
         include = os.path.join(here, "include")
+    ldflags = [lib_path, "-lascendcl"]
+    ascend = os.environ.get("ASCEND_HOME_PATH")
+    if ascend:
+        ldflags.insert(1, "-L" + os.path.join(ascend, "lib64"))
     return cpp_extension.load(
         name="npualloc_torch_npu_shim",
         sources=[os.path.join(here, "csrc", "torch_npu_shim.cpp")],
         extra_include_paths=[include],
-        extra_ldflags=[lib_path],
+        extra_ldflags=ldflags,
         verbose=False,
     )
 

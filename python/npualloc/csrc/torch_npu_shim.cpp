@@ -11,8 +11,12 @@
 //   versions a plain aclrtStream; record_stream_fn() returns whichever fits the
 //   setter this torch_npu declares.
 // - get_device_stats: npualloc_device_stats -> c10_npu::NPUCachingAllocator::DeviceStats.
-// - runtime hooks: device synchronisation drains torch_npu's task queue
-//   (npuSynchronizeDevice(true)) before npualloc frees or unmaps memory.
+// - runtime hooks (DESIGN section 2, the task-queue hazard): torch_npu launches kernels
+//   through a host task queue, so an event recorded straight with aclrtRecordEvent could
+//   land before kernels still waiting there. The event hooks drain every stream's queue
+//   (c10_npu::emptyAllNPUStream, as torch_npu's own NPUEvent::query and allocator do)
+//   before recording; device synchronisation is npuSynchronizeDevice(true), which drains
+//   the queue too, before npualloc frees or unmaps memory.
 
 #include <torch/extension.h>
 
@@ -21,12 +25,25 @@
 
 #include "torch_npu/csrc/core/npu/NPUCachingAllocator.h"
 #include "torch_npu/csrc/core/npu/NPUFunctions.h"
+#include "torch_npu/csrc/core/npu/NPUGuard.h"
 #include "torch_npu/csrc/core/npu/NPUStream.h"
 #include "torch_npu/csrc/npu/NPUPluggableAllocator.h"
 
 #include "npualloc.h"
 
+// The ACL functions the event hooks use (CANN acl_rt.h; libascendcl is linked).
+extern "C" {
+int aclrtCreateEventWithFlag(void** event, uint32_t flag);
+int aclrtDestroyEvent(void* event);
+int aclrtRecordEvent(void* event, void* stream);
+int aclrtQueryEventStatus(void* event, int* status);
+int aclrtSynchronizeEvent(void* event);
+}
+
 namespace {
+
+constexpr uint32_t kAclEventCaptureStreamProgress = 0x2;
+constexpr int kAclEventRecordedStatusComplete = 1;
 
 using Pluggable = torch::npu::NPUPluggableAllocator::NPUPluggableAllocator;
 using NpuStats = c10_npu::NPUCachingAllocator::DeviceStats;
@@ -95,6 +112,28 @@ int device_synchronize(void*, int) {
   return 0;
 }
 
+int event_create(void*, int device, void** ev) {
+  c10_npu::NPUGuard guard(static_cast<c10::DeviceIndex>(device));
+  return aclrtCreateEventWithFlag(ev, kAclEventCaptureStreamProgress);
+}
+
+int event_destroy(void*, void* ev) { return aclrtDestroyEvent(ev); }
+
+int event_record(void*, void* ev, npualloc_stream stream) {
+  // Kernels queued on the host before this point must reach their streams first.
+  c10_npu::emptyAllNPUStream();
+  return aclrtRecordEvent(ev, stream);
+}
+
+int event_query(void*, void* ev, int* done) {
+  int status = 0;
+  int rc = aclrtQueryEventStatus(ev, &status);
+  *done = (rc == 0 && status == kAclEventRecordedStatusComplete) ? 1 : 0;
+  return rc;
+}
+
+int event_synchronize(void*, void* ev) { return aclrtSynchronizeEvent(ev); }
+
 template <typename F>
 uint64_t addr(F* f) {
   return reinterpret_cast<uint64_t>(f);
@@ -113,6 +152,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("reset_peak_status_fn", [] { return addr(&reset_peak_status); });
   m.def("install_runtime_hooks", [] {
     npualloc_runtime_hooks h{};
+    h.event_create = &event_create;
+    h.event_destroy = &event_destroy;
+    h.event_record = &event_record;
+    h.event_query = &event_query;
+    h.event_synchronize = &event_synchronize;
     h.device_synchronize = &device_synchronize;
     return npualloc_set_runtime_hooks(&h);
   });
