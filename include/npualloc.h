@@ -378,6 +378,26 @@ int npualloc_device_count(void);
 int npualloc_set_oom_observer(npualloc_oom_observer observer);
 
 /**
+ * Routes allocations on `capture_stream` of `device` to the graph-private pool
+ * (`id_hi`, `id_lo`) (torch's `MempoolId_t`; (0, 0) is reserved) until
+ * `npualloc_end_allocate_to_pool`: call it before starting a graph capture. Creates the
+ * pool or adds a use; a stream already routing to a pool gives NPUALLOC_ERR_INVALID_STATE.
+ */
+int npualloc_begin_allocate_to_pool(int device, uint64_t id_hi, uint64_t id_lo, npualloc_stream capture_stream);
+
+/**
+ * Stops routing to the pool (after the capture ended); frees made during the capture
+ * record their stream events now. NPUALLOC_ERR_INVALID_STATE if nothing routes to it.
+ */
+int npualloc_end_allocate_to_pool(int device, uint64_t id_hi, uint64_t id_lo);
+
+/**
+ * Drops one use of the pool (when its graph is released); once unused, its cached
+ * memory goes back to the device at the next cache release.
+ */
+int npualloc_release_pool(int device, uint64_t id_hi, uint64_t id_lo);
+
+/**
  * This thread's last error message, or NULL if no call on this thread ever failed.
  *
  * The string is owned by npualloc and stays valid until the next failing call on this

@@ -332,3 +332,41 @@ pub extern "C" fn npualloc_set_oom_observer(observer: npualloc_oom_observer) -> 
         Ok(())
     })
 }
+
+/// Routes allocations on `capture_stream` of `device` to the graph-private pool
+/// (`id_hi`, `id_lo`) (torch's `MempoolId_t`; (0, 0) is reserved) until
+/// `npualloc_end_allocate_to_pool`: call it before starting a graph capture. Creates the
+/// pool or adds a use; a stream already routing to a pool gives NPUALLOC_ERR_INVALID_STATE.
+#[no_mangle]
+pub extern "C" fn npualloc_begin_allocate_to_pool(
+    device: c_int,
+    id_hi: u64,
+    id_lo: u64,
+    capture_stream: npualloc_stream,
+) -> c_int {
+    code("npualloc_begin_allocate_to_pool", || {
+        Ok(runtime()?
+            .allocator(device)?
+            .begin_allocate_to_pool((id_hi, id_lo), to_stream(capture_stream))?)
+    })
+}
+
+/// Stops routing to the pool (after the capture ended); frees made during the capture
+/// record their stream events now. NPUALLOC_ERR_INVALID_STATE if nothing routes to it.
+#[no_mangle]
+pub extern "C" fn npualloc_end_allocate_to_pool(device: c_int, id_hi: u64, id_lo: u64) -> c_int {
+    code("npualloc_end_allocate_to_pool", || {
+        Ok(runtime()?
+            .allocator(device)?
+            .end_allocate_to_pool((id_hi, id_lo))?)
+    })
+}
+
+/// Drops one use of the pool (when its graph is released); once unused, its cached
+/// memory goes back to the device at the next cache release.
+#[no_mangle]
+pub extern "C" fn npualloc_release_pool(device: c_int, id_hi: u64, id_lo: u64) -> c_int {
+    code("npualloc_release_pool", || {
+        Ok(runtime()?.allocator(device)?.release_pool((id_hi, id_lo))?)
+    })
+}

@@ -84,8 +84,14 @@ pub(super) fn check(st: &State) -> Result<(), String> {
             if b.stream_uses.contains(&b.stream) {
                 return Err(format!("block {id}: records its own stream as a use"));
             }
-            if !b.allocated && !b.stream_uses.is_empty() {
+            if !b.allocated && !b.stream_uses.is_empty() && !st.deferred.contains(&id) {
                 return Err(format!("block {id}: free but still lists stream uses"));
+            }
+            if b.pool as usize > st.private.len() || b.pool != hb.pool {
+                return Err(format!(
+                    "block {id}: pool tag {} is not its segment's or is unknown",
+                    b.pool
+                ));
             }
             if b.hot && !b.is_free() {
                 return Err(format!("block {id} is hot but not free"));
@@ -95,7 +101,7 @@ pub(super) fn check(st: &State) -> Result<(), String> {
                 if let Some(p) = prev.filter(|&p| merged_away(&st.blocks[p]) && !b.hot) {
                     return Err(format!("free neighbours {p} and {id} were not merged"));
                 }
-                let pools = st.pools.get(&b.stream);
+                let pools = st.pools.get(&(b.stream, b.pool));
                 let in_list =
                     pools.is_some_and(|p| p.get(b.kind).iter().any(|e| e == (b.size, b.ptr, id)));
                 let in_hot =
@@ -158,7 +164,7 @@ pub(super) fn check(st: &State) -> Result<(), String> {
                 if !b.is_free()
                     || b.size != size
                     || b.ptr != ptr
-                    || b.stream != *stream
+                    || (b.stream, b.pool) != *stream
                     || b.kind != kind
                 {
                     return Err(format!("free list entry for block {id} is stale"));
@@ -199,7 +205,7 @@ pub(super) fn check(st: &State) -> Result<(), String> {
         *tokens.entry(id).or_default() += 1;
         queued_events.push(ev);
     }
-    for &id in &st.parked {
+    for &id in st.parked.iter().chain(&st.deferred) {
         *tokens.entry(id).or_default() += 1;
     }
     for (id, b) in st.blocks.iter() {

@@ -224,6 +224,60 @@ impl CachingAllocator {
         Ok(ptr)
     }
 
+    /// Routes allocations on `stream` to the graph-private pool `id` (PyTorch's
+    /// `beginAllocateToPool`): created on first use, else its use count goes up. While
+    /// routed, the stream's allocations never reuse its own pool's memory and vice
+    /// versa, event polling on the stream is skipped, and frees of blocks used on other
+    /// streams record their events only when routing ends.
+    pub fn begin_allocate_to_pool(
+        &self,
+        id: (u64, u64),
+        stream: StreamHandle,
+    ) -> Result<(), Error> {
+        let (_, shard) = self.shard(stream)?;
+        let mut st = shard.state.lock();
+        st.flush_hot();
+        st.begin_allocate_to_pool(id)
+    }
+
+    /// Stops routing to private pool `id` (PyTorch's `endAllocateToPool`).
+    pub fn end_allocate_to_pool(&self, id: (u64, u64)) -> Result<(), Error> {
+        for shard in self.shards.all() {
+            let mut st = shard.state.lock();
+            if st.is_capturing_to(id) {
+                st.end_allocate_to_pool(&*self.device, self.index);
+                self.set_pending(shard, st.pending_count());
+                return Ok(());
+            }
+        }
+        Err(Error::InvalidState(format!(
+            "not currently allocating to pool {id:?}"
+        )))
+    }
+
+    /// Drops one use of private pool `id` (PyTorch's `releasePool`); once unused, its
+    /// cached memory goes back to the device at the next cache release.
+    pub fn release_pool(&self, id: (u64, u64)) -> Result<(), Error> {
+        let mut found = false;
+        for shard in self.shards.all() {
+            found |= shard.state.lock().release_pool(id);
+        }
+        if found {
+            Ok(())
+        } else {
+            Err(Error::InvalidArgument(format!("unknown pool {id:?}")))
+        }
+    }
+
+    /// Device bytes held by graph-private pools.
+    pub fn private_pool_bytes(&self) -> usize {
+        self.shards
+            .all()
+            .iter()
+            .map(|s| s.state.lock().private_pool_bytes())
+            .sum()
+    }
+
     /// Adds a callback run (outside every allocator lock) whenever an allocation fails
     /// with out of memory, after the cache was released and the request retried.
     pub fn attach_oom_observer(&self, observer: impl Fn(OomInfo) + Send + Sync + 'static) {

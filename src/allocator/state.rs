@@ -21,7 +21,7 @@ use crate::pool::free_list::HOT_CAPACITY;
 use crate::pool::rounding::{
     allocation_size, round_size, LARGE_BUFFER, MIN_BLOCK, ROUND_LARGE, SMALL_SIZE,
 };
-use crate::pool::{Block, BlockId, PoolKind, PtrTable, StreamMap};
+use crate::pool::{Block, BlockId, PoolKind, PoolTag, PtrTable, StreamMap};
 use crate::profiling::Mstx;
 use crate::stats::{self, DeviceStats, StatType};
 use crate::stream::{EventPool, PendingFrees};
@@ -87,6 +87,8 @@ pub struct SegmentInfo {
     pub kind: PoolKind,
     /// Blocks in address order.
     pub blocks: Vec<BlockInfo>,
+    /// The graph-private pool holding the segment (`None`: the stream's own pool).
+    pub pool_id: Option<(u64, u64)>,
 }
 
 pub(super) struct State {
@@ -115,6 +117,22 @@ pub(super) struct State {
     pub recent_reclaims: std::collections::VecDeque<(usize, u64)>,
     /// Profiler markers around the slow paths.
     pub markers: Arc<Mstx>,
+    /// Graph-private pools of this stream; pool tag `t` is entry `t - 1`.
+    pub private: Vec<PrivatePool>,
+    /// The private pool allocations go to while a graph capture is under way.
+    pub capturing: Option<PoolTag>,
+    /// Frees with stream uses made during a capture: their events are recorded when it
+    /// ends (event calls are not allowed while capturing).
+    pub deferred: Vec<BlockId>,
+}
+
+/// A graph-private pool (PyTorch's `PrivatePool`).
+#[derive(Clone, Copy, Debug)]
+pub struct PrivatePool {
+    /// The caller's pool id (`MempoolId_t`).
+    pub id: (u64, u64),
+    /// Captures using it that were not released; 0 = its memory may go back.
+    pub use_count: u32,
 }
 
 impl State {
@@ -139,6 +157,9 @@ impl State {
             reclaim_min_idle: 0,
             recent_reclaims: std::collections::VecDeque::new(),
             markers,
+            private: Vec::new(),
+            capturing: None,
+            deferred: Vec::new(),
         }
     }
 
@@ -159,6 +180,94 @@ impl State {
         self.shared.allowed_max().is_some() && self.config.garbage_collection_threshold > 0.0
     }
 
+    // ---- graph-private pools ----------------------------------------------------------
+
+    /// The pool this shard's allocations go to now.
+    #[inline]
+    fn route(&self) -> PoolTag {
+        self.capturing.unwrap_or(0)
+    }
+
+    /// Whether cached segments of pool `tag` may go back to the device.
+    fn pool_releasable(&self, tag: PoolTag) -> bool {
+        tag == 0 || self.private[tag as usize - 1].use_count == 0
+    }
+
+    fn private_tag(&self, id: (u64, u64)) -> Option<PoolTag> {
+        self.private
+            .iter()
+            .position(|p| p.id == id)
+            .map(|i| i as PoolTag + 1)
+    }
+
+    /// Starts routing this stream's allocations to private pool `id` (created, or its
+    /// use count raised).
+    pub fn begin_allocate_to_pool(&mut self, id: (u64, u64)) -> Result<(), Error> {
+        if id == (0, 0) {
+            return Err(Error::InvalidArgument("pool id (0, 0) is reserved".into()));
+        }
+        if let Some(t) = self.capturing {
+            return Err(Error::InvalidState(format!(
+                "this stream is already allocating to pool {:?}",
+                self.private[t as usize - 1].id
+            )));
+        }
+        let tag = match self.private_tag(id) {
+            Some(t) => {
+                let p = &mut self.private[t as usize - 1];
+                if p.use_count == 0 {
+                    return Err(Error::InvalidState(format!("pool {id:?} was released")));
+                }
+                p.use_count += 1;
+                t
+            }
+            None => {
+                self.private.push(PrivatePool { id, use_count: 1 });
+                self.private.len() as PoolTag
+            }
+        };
+        self.capturing = Some(tag);
+        Ok(())
+    }
+
+    /// Whether this stream is allocating to private pool `id` now.
+    pub fn is_capturing_to(&self, id: (u64, u64)) -> bool {
+        self.capturing
+            .is_some_and(|t| self.private[t as usize - 1].id == id)
+    }
+
+    /// Stops routing to the private pool and records the events of frees deferred
+    /// during the capture.
+    pub fn end_allocate_to_pool(&mut self, dev: &dyn Device, index: DeviceIndex) {
+        self.capturing = None;
+        for id in std::mem::take(&mut self.deferred) {
+            self.blocks[id].event_count -= 1;
+            self.insert_events(dev, index, id);
+        }
+    }
+
+    /// Drops one use of private pool `id`; at zero its cached memory may go back to
+    /// the device (at the next cache release). Returns whether this shard has the pool.
+    pub fn release_pool(&mut self, id: (u64, u64)) -> bool {
+        match self.private_tag(id) {
+            Some(t) => {
+                let p = &mut self.private[t as usize - 1];
+                p.use_count = p.use_count.saturating_sub(1);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Device bytes held by private-pool segments.
+    pub fn private_pool_bytes(&self) -> usize {
+        self.blocks
+            .iter()
+            .filter(|(_, b)| b.pool != 0)
+            .map(|(_, b)| b.size)
+            .sum()
+    }
+
     // ---- free lists -------------------------------------------------------------
 
     fn pool_insert(&mut self, id: BlockId) {
@@ -166,16 +275,17 @@ impl State {
         let b = &mut self.blocks[id];
         b.gc_count_base = gc;
         b.freed_at = now;
-        let (stream, kind) = (b.stream, b.kind);
+        let (key, kind) = ((b.stream, b.pool), b.kind);
         self.pools
-            .get_or_default(stream)
+            .get_or_default(key)
             .get_mut(kind)
             .insert(&mut self.blocks, id);
     }
 
     fn pool_remove(&mut self, id: BlockId) {
-        let (stream, kind) = (self.blocks[id].stream, self.blocks[id].kind);
-        let removed = match self.pools.get_mut(&stream) {
+        let b = &self.blocks[id];
+        let (key, kind) = ((b.stream, b.pool), b.kind);
+        let removed = match self.pools.get_mut(&key) {
             Some(p) => p.get_mut(kind).remove(&mut self.blocks, id),
             None => false,
         };
@@ -192,7 +302,7 @@ impl State {
         if self.gc_enabled() {
             self.gc_calls += 1;
         }
-        let list = self.pools.get(&stream)?.get(kind);
+        let list = self.pools.get(&(stream, self.route()))?.get(kind);
         let (bsize, _, id) = list.best_fit(size)?;
         let max_split = self.config.max_split_size;
         if size < max_split && bsize >= max_split {
@@ -228,7 +338,7 @@ impl State {
             .checked_add(self.shared.padding)
             .ok_or_else(too_large)?;
         let rounded = round_size(padded, &self.config).ok_or_else(too_large)?;
-        if self.pending_count() > 0 {
+        if self.pending_count() > 0 && self.capturing.is_none() {
             self.process_events(dev, index);
         }
         let kind = PoolKind::for_size(rounded);
@@ -309,8 +419,24 @@ impl State {
                     return Ok(Some(id));
                 }
             }
-            // Only releasing every cache (the other streams' too) can help now.
-            return Ok(None);
+            // Only releasing every cache (the other streams' too) can help now; not
+            // during a capture, which must not synchronise.
+            if self.capturing.is_none() {
+                return Ok(None);
+            }
+            self.stats.num_ooms += 1;
+            let info = dev.mem_info(index).ok();
+            return Err(Error::OutOfMemory {
+                requested: size,
+                message: oom::message(
+                    index,
+                    size,
+                    seg_size,
+                    info,
+                    self.shared.allowed_max(),
+                    &self.stats,
+                ),
+            });
         }
         // Last resort: wait for all pending frees, release every cached segment, retry.
         let markers = self.markers.clone();
@@ -375,10 +501,9 @@ impl State {
         if seg_size >= self.config.max_split_size {
             self.stats.oversize_segments.increase(1);
         }
-        Ok(Some(
-            self.blocks
-                .insert(Block::segment(ptr, seg_size, stream, kind)),
-        ))
+        let mut seg = Block::segment(ptr, seg_size, stream, kind);
+        seg.pool = self.route();
+        Ok(Some(self.blocks.insert(seg)))
     }
 
     fn should_split(&self, block: &Block, rounded: usize) -> bool {
@@ -398,6 +523,7 @@ impl State {
             // The front becomes a new block; the original keeps the remainder.
             let b = &self.blocks[id];
             let mut front = Block::segment(b.ptr, rounded, b.stream, b.kind);
+            front.pool = b.pool;
             front.prev = b.prev;
             front.next = Some(id);
             let front_id = self.blocks.insert(front);
@@ -451,6 +577,10 @@ impl State {
         }
         if self.blocks[id].stream_uses.is_empty() {
             self.free_block(id);
+        } else if self.capturing.is_some() {
+            // No event calls during a capture: record them when it ends.
+            self.blocks[id].event_count += 1;
+            self.deferred.push(id);
         } else {
             self.insert_events(dev, index, id);
         }
@@ -501,8 +631,9 @@ impl State {
         stats::decrease(&mut self.stats.requested_bytes, st, requested);
         // Only small-pool blocks: parking large blocks unmerged changes where later
         // large requests land and costs reserve (measured on the shipped traces).
-        let small = self.blocks[id].kind == PoolKind::Small && self.config.hot_cache;
-        let hot = &mut self.pools.get_or_default(stream).hot;
+        let b = &self.blocks[id];
+        let small = b.kind == PoolKind::Small && b.pool == 0 && self.config.hot_cache;
+        let hot = &mut self.pools.get_or_default((stream, 0)).hot;
         if small && hot.len() < HOT_CAPACITY {
             hot.push((size, id));
             self.blocks[id].hot = true;
@@ -545,7 +676,10 @@ impl State {
 
     /// Takes a hot block of exactly `size` bytes on `stream`, most recent first.
     fn hot_take(&mut self, stream: StreamHandle, size: usize) -> Option<BlockId> {
-        let hot = &mut self.pools.get_mut(&stream)?.hot;
+        if self.capturing.is_some() {
+            return None;
+        }
+        let hot = &mut self.pools.get_mut(&(stream, 0))?.hot;
         let pos = hot.iter().rposition(|&(s, _)| s == size)?;
         let (_, id) = hot.swap_remove(pos);
         self.blocks[id].hot = false;
@@ -730,8 +864,9 @@ impl State {
     fn release_free_segments(&mut self, dev: &dyn Device, index: DeviceIndex) -> Result<(), Error> {
         let whole: Vec<BlockId> = self
             .pools
-            .values()
-            .flat_map(|p| p.small.iter().chain(p.large.iter()))
+            .iter()
+            .filter(|((_, tag), _)| self.pool_releasable(*tag))
+            .flat_map(|(_, p)| p.small.iter().chain(p.large.iter()))
             .map(|(_, _, id)| id)
             .filter(|&id| !self.blocks[id].is_split())
             .collect();
@@ -779,7 +914,7 @@ impl State {
             return false;
         }
         let target = size.max(max_split);
-        let Some(pools) = self.pools.get(&stream) else {
+        let Some(pools) = self.pools.get(&(stream, self.route())) else {
             return false;
         };
         let list = pools.get(kind);
@@ -848,8 +983,9 @@ impl State {
         let min_idle = self.reclaim_min_idle;
         let mut empties: Vec<(usize, BlockId)> = self
             .pools
-            .values()
-            .flat_map(|p| p.small.iter().chain(p.large.iter()))
+            .iter()
+            .filter(|((_, tag), _)| *tag == 0)
+            .flat_map(|(_, p)| p.small.iter().chain(p.large.iter()))
             .filter(|&(_, _, id)| {
                 let b = &self.blocks[id];
                 !b.is_split() && self.malloc_calls - b.freed_at >= min_idle
@@ -914,8 +1050,9 @@ impl State {
     fn collect_old_blocks(&mut self, dev: &dyn Device, index: DeviceIndex, target: usize) -> usize {
         let mut candidates: Vec<(u64, usize, BlockId)> = self
             .pools
-            .values()
-            .flat_map(|p| p.large.iter())
+            .iter()
+            .filter(|((_, tag), _)| *tag == 0)
+            .flat_map(|(_, p)| p.large.iter())
             .filter(|&(_, _, id)| !self.blocks[id].is_split())
             .map(|(s, _, id)| (self.gc_calls - self.blocks[id].gc_count_base, s, id))
             .collect();
@@ -946,7 +1083,7 @@ impl State {
 
     /// Frees waiting for events or a synchronisation.
     pub fn pending_count(&self) -> usize {
-        self.pending.len() + self.parked.len()
+        self.pending.len() + self.parked.len() + self.deferred.len()
     }
 
     pub fn stats_snapshot(&self) -> DeviceStats {
@@ -994,6 +1131,7 @@ impl State {
                     cur = blk.next;
                 }
                 SegmentInfo {
+                    pool_id: (b.pool != 0).then(|| self.private[b.pool as usize - 1].id),
                     address: b.ptr,
                     total_size: blocks.iter().map(|x| x.size).sum(),
                     stream: b.stream,

@@ -79,6 +79,8 @@ pub struct Block {
     pub bin_pos: u32,
     /// Free, but parked in its stream's hot cache instead of the free lists (not merged).
     pub hot: bool,
+    /// The pool of the block's segment: 0 for the stream's own, else a graph-private pool.
+    pub pool: u32,
 }
 
 impl Block {
@@ -99,6 +101,7 @@ impl Block {
             freed_at: 0,
             bin_pos: 0,
             hot: false,
+            pool: 0,
         }
     }
 

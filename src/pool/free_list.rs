@@ -231,36 +231,43 @@ impl StreamPools {
     }
 }
 
-/// The pools of a shard's streams: in practice one (a shard serves one stream), so a
+/// Which pool a block's segment belongs to: 0 is the stream's own pool, others are
+/// graph-private pools (an index into the shard's private-pool table, plus one).
+pub type PoolTag = u32;
+
+/// Key of a free-list set: the stream and the pool.
+pub type PoolKey = (StreamHandle, PoolTag);
+
+/// The pools of a shard: in practice one or a few (a shard serves one stream), so a
 /// short vector searched linearly beats hashing.
 #[derive(Default, Debug)]
 pub struct StreamMap {
-    entries: Vec<(StreamHandle, StreamPools)>,
+    entries: Vec<(PoolKey, StreamPools)>,
 }
 
 impl StreamMap {
     /// The pools of `stream`.
     #[inline]
-    pub fn get(&self, stream: &StreamHandle) -> Option<&StreamPools> {
-        self.entries.iter().find(|e| e.0 == *stream).map(|e| &e.1)
+    pub fn get(&self, key: &PoolKey) -> Option<&StreamPools> {
+        self.entries.iter().find(|e| e.0 == *key).map(|e| &e.1)
     }
 
     /// The pools of `stream`, mutably.
     #[inline]
-    pub fn get_mut(&mut self, stream: &StreamHandle) -> Option<&mut StreamPools> {
+    pub fn get_mut(&mut self, key: &PoolKey) -> Option<&mut StreamPools> {
         self.entries
             .iter_mut()
-            .find(|e| e.0 == *stream)
+            .find(|e| e.0 == *key)
             .map(|e| &mut e.1)
     }
 
     /// The pools of `stream`, created empty if needed.
     #[inline]
-    pub fn get_or_default(&mut self, stream: StreamHandle) -> &mut StreamPools {
-        let i = match self.entries.iter().position(|e| e.0 == stream) {
+    pub fn get_or_default(&mut self, key: PoolKey) -> &mut StreamPools {
+        let i = match self.entries.iter().position(|e| e.0 == key) {
             Some(i) => i,
             None => {
-                self.entries.push((stream, StreamPools::default()));
+                self.entries.push((key, StreamPools::default()));
                 self.entries.len() - 1
             }
         };
@@ -277,13 +284,13 @@ impl StreamMap {
         self.entries.iter_mut().map(|e| &mut e.1)
     }
 
-    /// Every (stream, pools).
-    pub fn iter(&self) -> impl Iterator<Item = (&StreamHandle, &StreamPools)> {
+    /// Every ((stream, pool), pools).
+    pub fn iter(&self) -> impl Iterator<Item = (&PoolKey, &StreamPools)> {
         self.entries.iter().map(|e| (&e.0, &e.1))
     }
 
-    /// Keeps the streams whose pools satisfy `keep`.
-    pub fn retain(&mut self, mut keep: impl FnMut(&StreamHandle, &mut StreamPools) -> bool) {
+    /// Keeps the entries whose pools satisfy `keep`.
+    pub fn retain(&mut self, mut keep: impl FnMut(&PoolKey, &mut StreamPools) -> bool) {
         self.entries.retain_mut(|e| keep(&e.0, &mut e.1));
     }
 }

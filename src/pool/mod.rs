@@ -6,5 +6,5 @@ pub mod ptr_table;
 pub mod rounding;
 
 pub use block::{Block, BlockId, PoolKind};
-pub use free_list::{FreeList, StreamMap, StreamPools};
+pub use free_list::{FreeList, PoolKey, PoolTag, StreamMap, StreamPools};
 pub use ptr_table::PtrTable;

@@ -7,6 +7,7 @@ mod common;
 mod cross_stream;
 mod fake_acl;
 mod faults;
+mod graph_pools;
 mod mstx;
 mod props;
 mod replay;

@@ -16,6 +16,8 @@ enum Op {
     Complete { stream: usize },
     Step { stream: usize },
     EmptyCache,
+    BeginPool { stream: usize },
+    EndPool,
 }
 
 fn size() -> impl Strategy<Value = usize> {
@@ -36,6 +38,8 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0..3usize).prop_map(|stream| Op::Complete { stream }),
         1 => (0..3usize).prop_map(|stream| Op::Step { stream }),
         1 => Just(Op::EmptyCache),
+        1 => (0..3usize).prop_map(|stream| Op::BeginPool { stream }),
+        1 => Just(Op::EndPool),
     ]
 }
 
@@ -65,6 +69,11 @@ fn run(ops: Vec<Op>) -> Result<u64, TestCaseError> {
     let mut live: Vec<Live> = Vec::new();
     let mut guards: Vec<Guard> = Vec::new();
     let mut ran_upto = [0u64; 3]; // ops known to have run per stream
+    const POOL: (u64, u64) = (1, 1);
+    let mut capturing: Option<usize> = None; // the stream allocating to the pool
+    let mut pool_uses = 0;
+    // Frees on the capturing stream record their events only when the capture ends.
+    let mut deferred: Vec<(usize, usize, Vec<usize>)> = Vec::new();
 
     for op in ops {
         let syncs_before = sim.counters(0).synchronizations;
@@ -84,6 +93,7 @@ fn run(ops: Vec<Op>) -> Result<u64, TestCaseError> {
                     }
                     for g in &guards {
                         let overlaps = ptr < g.end && end > g.start;
+
                         prop_assert!(
                             !overlaps || ran_upto[g.stream] >= g.op_index,
                             "block reused before stream {} finished its work",
@@ -102,19 +112,22 @@ fn run(ops: Vec<Op>) -> Result<u64, TestCaseError> {
             },
             Op::Free { pick } if !live.is_empty() => {
                 let l = live.swap_remove(pick % live.len());
-                for &s in &l.uses {
-                    guards.push(Guard {
-                        start: l.ptr,
-                        end: l.ptr + l.size,
-                        stream: s,
-                        op_index: queued[s] + 1,
-                    });
-                }
                 a.free(l.ptr)
                     .map_err(|e| TestCaseError::fail(e.to_string()))?;
-                // The free queued one event record on each used stream.
-                for &s in &l.uses {
-                    queued[s] += 1;
+                if capturing == Some(l.stream) && !l.uses.is_empty() {
+                    // Frees on the capturing stream record their events when it ends.
+                    deferred.push((l.ptr, l.ptr + l.size, l.uses));
+                } else {
+                    // The free queued one event record on each used stream.
+                    for &s in &l.uses {
+                        guards.push(Guard {
+                            start: l.ptr,
+                            end: l.ptr + l.size,
+                            stream: s,
+                            op_index: queued[s] + 1,
+                        });
+                        queued[s] += 1;
+                    }
                 }
             }
             Op::Record { pick, stream } if !live.is_empty() => {
@@ -140,6 +153,26 @@ fn run(ops: Vec<Op>) -> Result<u64, TestCaseError> {
                 a.empty_cache().unwrap();
                 ran_upto = queued;
             }
+            Op::BeginPool { stream } if capturing.is_none() => {
+                a.begin_allocate_to_pool(POOL, streams[stream]).unwrap();
+                capturing = Some(stream);
+                pool_uses += 1;
+            }
+            Op::EndPool if capturing.is_some() => {
+                a.end_allocate_to_pool(POOL).unwrap();
+                capturing = None;
+                for (start, end, uses) in deferred.drain(..) {
+                    for s in uses {
+                        guards.push(Guard {
+                            start,
+                            end,
+                            stream: s,
+                            op_index: queued[s] + 1,
+                        });
+                        queued[s] += 1;
+                    }
+                }
+            }
             _ => {}
         }
         if sim.counters(0).synchronizations != syncs_before {
@@ -151,6 +184,12 @@ fn run(ops: Vec<Op>) -> Result<u64, TestCaseError> {
 
     for l in live.drain(..) {
         a.free(l.ptr).unwrap();
+    }
+    if capturing.is_some() {
+        a.end_allocate_to_pool(POOL).unwrap();
+    }
+    for _ in 0..pool_uses {
+        a.release_pool(POOL).unwrap();
     }
     for s in &streams {
         sim.complete_stream(0, *s).unwrap();

@@ -192,6 +192,27 @@ static void test_oom_observer(void) {
   CHECK(oom_calls == 1);
 }
 
+static void test_graph_pools(void) {
+  npualloc_stream cap = NULL;
+  CHECK(ctl_create_stream(0, &cap) == NPUALLOC_OK);
+  void *normal = npualloc_malloc(4096, 0, cap);
+  size_t seg = 0;
+  void *normal_base = npualloc_base_alloc(normal, &seg);
+  npualloc_free(normal, 0, 0, cap);
+  CHECK(npualloc_begin_allocate_to_pool(0, 0, 0, cap) == NPUALLOC_ERR_INVALID_ARGUMENT);
+  CHECK(npualloc_begin_allocate_to_pool(0, 1, 2, cap) == NPUALLOC_OK);
+  CHECK(npualloc_begin_allocate_to_pool(0, 3, 4, cap) == NPUALLOC_ERR_INVALID_STATE);
+  void *g = npualloc_malloc(4096, 0, cap);
+  CHECK(g != NULL);
+  CHECK(npualloc_base_alloc(g, &seg) != normal_base); /* private memory */
+  CHECK(npualloc_end_allocate_to_pool(0, 1, 2) == NPUALLOC_OK);
+  CHECK(npualloc_end_allocate_to_pool(0, 1, 2) == NPUALLOC_ERR_INVALID_STATE);
+  npualloc_free(g, 0, 0, cap);
+  CHECK(npualloc_release_pool(0, 1, 2) == NPUALLOC_OK);
+  CHECK(npualloc_release_pool(0, 9, 9) == NPUALLOC_ERR_INVALID_ARGUMENT);
+  CHECK(npualloc_check_invariants(0) == NPUALLOC_OK);
+}
+
 static void test_snapshot(const char *path) {
   void *p = npualloc_malloc(1000, 0, NULL);
   CHECK(npualloc_dump_snapshot(path) == NPUALLOC_OK);
@@ -241,6 +262,7 @@ int main(int argc, char **argv) {
   test_fraction_and_configure();
   test_tags();
   test_oom_observer();
+  test_graph_pools();
   test_snapshot(argc > 1 ? argv[1] : "/tmp/npualloc-c-snapshot.json");
   test_hooks_too_late();
   test_drained();
