@@ -58,6 +58,17 @@ enum Command {
         #[arg(long, short)]
         quiet: bool,
     },
+    /// Derive a multi-stream case (comm, branch, rr4) from a single-stream trace.
+    Derive {
+        /// The single-stream trace.
+        trace: PathBuf,
+        /// comm (a lagging communication stream), branch (a side branch), rr4 (4 streams).
+        #[arg(long)]
+        case: String,
+        /// Output trace file.
+        #[arg(short, long)]
+        output: PathBuf,
+    },
     /// Convert a PyTorch / torch_npu memory snapshot pickle into a text trace.
     Convert {
         /// The snapshot (`torch.npu.memory._dump_snapshot()` output).
@@ -337,6 +348,23 @@ fn main() -> ExitCode {
         } => replay_cmd(
             traces, confs, &capacity, json, svg, html, snapshot, device, quiet,
         ),
+        Command::Derive {
+            trace,
+            case,
+            output,
+        } => load(&trace, None).and_then(|t| {
+            let d = trace::derive::derive(&t, &case).ok_or_else(|| {
+                format!(
+                    "unknown case '{case}': expected one of {}",
+                    trace::derive::CASES.join(", ")
+                )
+            })?;
+            let mut out = Vec::new();
+            d.write_to(&mut out).map_err(|e| e.to_string())?;
+            write(&output, &String::from_utf8_lossy(&out))?;
+            eprintln!("wrote {} events to {}", d.ops.len(), output.display());
+            Ok(())
+        }),
         Command::Convert {
             snapshot,
             output,

@@ -9,6 +9,7 @@
 //! s <stream>                      all work queued so far on that stream has completed
 //! ```
 
+pub mod derive;
 #[cfg(feature = "cli")]
 pub mod pickle;
 

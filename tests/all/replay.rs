@@ -288,3 +288,48 @@ fn pytorch_settings_reproduce_pytorch_and_defaults_beat_it() {
         assert_eq!(ours.invariants, Ok(()));
     }
 }
+
+#[test]
+fn derived_multi_stream_cases_replay_cleanly() {
+    use npualloc::trace::derive::{derive, CASES};
+    let base = load("resnet50_train.trace");
+    for case in CASES {
+        let t = derive(&base, case).unwrap();
+        let r = replay(&t, &ReplayOptions::default(), |_| {}).unwrap();
+        assert_eq!(r.invariants, Ok(()), "{case}");
+        assert_eq!(r.peak_requested, base.peak_requested(), "{case}");
+        assert_eq!(r.reserved_after_drain, 0, "{case}");
+        assert_eq!(r.ooms, 0, "{case}");
+    }
+}
+
+#[test]
+fn cli_derive_writes_a_valid_trace() {
+    let dir = tempdir("cli-derive");
+    let out = dir.join("b.trace");
+    let src = traces_dir().join("gpt2_infer.trace");
+    let (code, _, err) = cli(&[
+        "derive",
+        src.to_str().unwrap(),
+        "--case",
+        "rr4",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let t = trace::parse(&std::fs::read_to_string(&out).unwrap(), "b.trace").unwrap();
+    assert!(t
+        .ops
+        .iter()
+        .any(|o| matches!(o, Op::Alloc { stream: 3, .. })));
+    let (code, _, err) = cli(&[
+        "derive",
+        src.to_str().unwrap(),
+        "--case",
+        "nope",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("unknown case 'nope'"), "{err}");
+}
