@@ -35,6 +35,9 @@ pub struct Config {
     /// Keep recently freed small-pool blocks unmerged for same-size reuse (npualloc's
     /// addition; `False` gives PyTorch's placement).
     pub hot_cache: bool,
+    /// Before allocating a new segment, borrow a wholly free one cached by another
+    /// stream, ordered on the device by an event (npualloc's addition).
+    pub lend_segments: bool,
 }
 
 impl Default for Config {
@@ -48,6 +51,7 @@ impl Default for Config {
             reclaim_before_growth: true,
             adaptive_segments: true,
             hot_cache: true,
+            lend_segments: true,
         }
     }
 }
@@ -125,6 +129,9 @@ impl Config {
                 }
                 "hot_cache" => {
                     cfg.hot_cache = parse_bool(key, value)?;
+                }
+                "lend_segments" => {
+                    cfg.lend_segments = parse_bool(key, value)?;
                 }
                 "expandable_segments" => {
                     cfg.expandable_segments = match value {

@@ -45,6 +45,8 @@ const RECENT_RECLAIMS: usize = 64;
 const RECLAIM_WINDOW: u64 = 4096;
 /// The idle requirement after the first churn.
 const MIN_RECLAIM_IDLE: u64 = 64;
+/// A lent segment is at most this many times the segment a new allocation would get.
+const LEND_SIZE_FACTOR: usize = 2;
 /// Adaptive large segments are at least this fraction of the reserved high-water mark...
 const ADAPTIVE_DIVISOR: usize = 8;
 /// ...but no larger than this.
@@ -409,6 +411,13 @@ impl State {
         if !others_released {
             if self.gc_enabled() {
                 self.garbage_collect(dev, index, peers);
+            }
+            if self.config.lend_segments && self.capturing.is_none() {
+                if let Some(id) =
+                    self.borrow_segment(dev, index, stream, kind, rounded, seg_size, peers)?
+                {
+                    return Ok(Some(id));
+                }
             }
             self.release_empty_before_growth(dev, index, seg_size, peers);
             if let Some(id) = self.alloc_block(dev, index, seg_size, stream, kind)? {
@@ -970,6 +979,83 @@ impl State {
                 released < over
             });
         }
+    }
+
+    /// Cross-stream lending: instead of a new device allocation, take a wholly free
+    /// cached segment from another stream's shard. This stream waits on the device for
+    /// an event recorded on the lender's stream (work queued there on the segment
+    /// finishes first); the host never blocks.
+    #[allow(clippy::too_many_arguments)]
+    fn borrow_segment(
+        &mut self,
+        dev: &dyn Device,
+        index: DeviceIndex,
+        stream: StreamHandle,
+        kind: PoolKind,
+        rounded: usize,
+        seg_size: usize,
+        peers: &dyn Peers,
+    ) -> Result<Option<BlockId>, Error> {
+        let limit = seg_size.saturating_mul(LEND_SIZE_FACTOR);
+        let mut lent = None;
+        peers.visit(&mut |other| {
+            lent = other.lend_segment(kind, rounded, limit);
+            lent.is_none()
+        });
+        let Some((ptr, size, from)) = lent else {
+            return Ok(None);
+        };
+        let ordered = self.events.get(dev, index).and_then(|ev| {
+            let r = dev
+                .event_record(index, ev, from)
+                .and_then(|_| dev.stream_wait_event(index, stream, ev));
+            self.events.put(ev);
+            r
+        });
+        if ordered.is_err() {
+            // Without the device-side order, wait on the host instead.
+            dev.synchronize_device(index)?;
+        }
+        self.reserved += size;
+        let st = kind.stat_type();
+        stats::increase(&mut self.stats.segment, st, 1);
+        stats::increase(&mut self.stats.reserved_bytes, st, size);
+        if size >= self.config.max_split_size {
+            self.stats.oversize_segments.increase(1);
+        }
+        Ok(Some(
+            self.blocks.insert(Block::segment(ptr, size, stream, kind)),
+        ))
+    }
+
+    /// Gives up the smallest wholly free cached segment of `kind` holding at least
+    /// `size` bytes (and at most `limit`) to another stream: (address, size, this stream).
+    pub fn lend_segment(
+        &mut self,
+        kind: PoolKind,
+        size: usize,
+        limit: usize,
+    ) -> Option<(DevicePtr, usize, StreamHandle)> {
+        if self.capturing.is_some() {
+            return None;
+        }
+        let (bsize, _, id) = self
+            .pools
+            .iter()
+            .filter(|((_, tag), _)| *tag == 0)
+            .flat_map(|(_, p)| p.get(kind).iter())
+            .filter(|&(s, _, id)| s >= size && s <= limit && !self.blocks[id].is_split())
+            .min_by_key(|&(s, p, _)| (s, p))?;
+        self.pool_remove(id);
+        let b = self.blocks.remove(id);
+        self.reserved -= bsize;
+        let st = kind.stat_type();
+        stats::decrease(&mut self.stats.segment, st, 1);
+        stats::decrease(&mut self.stats.reserved_bytes, st, bsize);
+        if bsize >= self.config.max_split_size {
+            self.stats.oversize_segments.decrease(1);
+        }
+        Some((b.ptr, bsize, b.stream))
     }
 
     /// Releases wholly empty cached segments idle long enough (largest first: the

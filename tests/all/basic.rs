@@ -272,7 +272,7 @@ fn garbage_collection_frees_old_cached_blocks_under_a_fraction() {
         100 * MIB,
         SimMode::Manual,
         false,
-        "garbage_collection_threshold:0.5",
+        "garbage_collection_threshold:0.5,lend_segments:False",
     );
     a.set_memory_fraction(1.0).unwrap();
     let big = a.malloc(40 * MIB, S0).unwrap();

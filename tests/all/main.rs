@@ -8,6 +8,7 @@ mod cross_stream;
 mod fake_acl;
 mod faults;
 mod graph_pools;
+mod lending;
 mod mstx;
 mod props;
 mod replay;
