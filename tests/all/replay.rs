@@ -264,7 +264,7 @@ fn pytorch_settings_reproduce_pytorch_and_defaults_beat_it() {
     for (name, ratio, mallocs) in PYTORCH_REFERENCE {
         let t = load(name);
         let pytorch = ReplayOptions {
-            conf: "reclaim_before_growth:False,adaptive_segments:False,hot_cache:False".into(),
+            conf: "reclaim_before_growth:False,adaptive_segments:False,hot_cache:False,lend_segments:False".into(),
             ..ReplayOptions::default()
         };
         let r = replay(&t, &pytorch, |_| {}).unwrap();
