@@ -17,7 +17,7 @@ typedef struct {
 } fake_acl_counters;
 
 typedef struct {
-  uint64_t live_bytes, events_created, events_destroyed, event_records, violations;
+  uint64_t live_bytes, events_created, events_destroyed, event_records, violations, mallocs;
 } ctl_counters;
 
 static void *ctl_fake = NULL;
@@ -64,13 +64,13 @@ static inline int ctl_get_counters(int device, ctl_counters *out) {
   if (!ctl_is_acl()) {
     npualloc_sim_counters c;
     int rc = npualloc_sim_get_counters(device, &c);
-    *out = (ctl_counters){c.live_bytes, c.events_created, c.events_destroyed, c.event_records, c.violations};
+    *out = (ctl_counters){c.live_bytes, c.events_created, c.events_destroyed, c.event_records, c.violations, c.mallocs};
     return rc;
   }
   fake_acl_counters c;
   ((void (*)(fake_acl_counters *))ctl_sym("fake_acl_get_counters"))(&c);
   uint64_t live = ((uint64_t (*)(int))ctl_sym("fake_acl_live_bytes"))(device);
-  *out = (ctl_counters){live, c.events_created, c.events_destroyed, c.event_records, c.violations};
+  *out = (ctl_counters){live, c.events_created, c.events_destroyed, c.event_records, c.violations, c.mallocs};
   return 0;
 }
 #endif

@@ -213,6 +213,33 @@ static void test_graph_pools(void) {
   CHECK(npualloc_check_invariants(0) == NPUALLOC_OK);
 }
 
+/* A stream with no fitting cached block borrows another stream's idle segment: no
+ * device allocation, one event recorded on the lender's stream for the borrower to
+ * wait on. */
+static void test_lending(void) {
+  npualloc_stream lender = NULL, borrower = NULL;
+  CHECK(ctl_create_stream(0, &lender) == NPUALLOC_OK);
+  CHECK(ctl_create_stream(0, &borrower) == NPUALLOC_OK);
+  npualloc_empty_cache(true);
+  size_t big = (size_t)30 << 20;
+  void *p = npualloc_malloc(big, 0, lender);
+  CHECK(p != NULL);
+  CHECK(ctl_launch(0, lender, 2) == NPUALLOC_OK); /* work on p still queued */
+  npualloc_free(p, big, 0, lender);
+  ctl_counters before, after;
+  CHECK(ctl_get_counters(0, &before) == NPUALLOC_OK);
+  void *q = npualloc_malloc(big, 0, borrower);
+  CHECK(ctl_get_counters(0, &after) == NPUALLOC_OK);
+  CHECK(q == p);
+  CHECK(after.mallocs == before.mallocs);
+  CHECK(after.event_records == before.event_records + 1);
+  CHECK(after.violations == 0);
+  CHECK(npualloc_check_invariants(0) == NPUALLOC_OK);
+  CHECK(ctl_complete(0, lender) == NPUALLOC_OK);
+  npualloc_free(q, big, 0, borrower);
+  CHECK(npualloc_check_invariants(0) == NPUALLOC_OK);
+}
+
 static void test_snapshot(const char *path) {
   void *p = npualloc_malloc(1000, 0, NULL);
   CHECK(npualloc_dump_snapshot(path) == NPUALLOC_OK);
@@ -263,6 +290,7 @@ int main(int argc, char **argv) {
   test_tags();
   test_oom_observer();
   test_graph_pools();
+  test_lending();
   test_snapshot(argc > 1 ? argv[1] : "/tmp/npualloc-c-snapshot.json");
   test_hooks_too_late();
   test_drained();
