@@ -433,19 +433,7 @@ impl State {
             if self.capturing.is_none() {
                 return Ok(None);
             }
-            self.stats.num_ooms += 1;
-            let info = dev.mem_info(index).ok();
-            return Err(Error::OutOfMemory {
-                requested: size,
-                message: oom::message(
-                    index,
-                    size,
-                    seg_size,
-                    info,
-                    self.shared.allowed_max(),
-                    &self.stats,
-                ),
-            });
+            return Err(self.out_of_memory(dev, index, size, seg_size));
         }
         // Last resort: wait for all pending frees, release every cached segment, retry.
         let markers = self.markers.clone();
@@ -457,9 +445,20 @@ impl State {
                 return Ok(Some(id));
             }
         }
+        Err(self.out_of_memory(dev, index, size, seg_size))
+    }
+
+    /// Counts an OOM and builds its error, with torch_npu's message.
+    fn out_of_memory(
+        &mut self,
+        dev: &dyn Device,
+        index: DeviceIndex,
+        size: usize,
+        seg_size: usize,
+    ) -> Error {
         self.stats.num_ooms += 1;
         let info = dev.mem_info(index).ok();
-        Err(Error::OutOfMemory {
+        Error::OutOfMemory {
             requested: size,
             message: oom::message(
                 index,
@@ -469,7 +468,7 @@ impl State {
                 self.shared.allowed_max(),
                 &self.stats,
             ),
-        })
+        }
     }
 
     /// Allocates a whole segment; `Ok(None)` when the device (or the fraction) is full.
@@ -498,18 +497,12 @@ impl State {
                 return Err(e.into());
             }
         };
-        self.reserved += seg_size;
         self.shared.note_reserved();
         if !self.recent_reclaims.is_empty() {
             self.note_segment_malloc(seg_size);
         }
-        let st = kind.stat_type();
-        stats::increase(&mut self.stats.segment, st, 1);
-        stats::increase(&mut self.stats.reserved_bytes, st, seg_size);
+        self.segment_added(kind, seg_size);
         self.stats.num_device_alloc += 1;
-        if seg_size >= self.config.max_split_size {
-            self.stats.oversize_segments.increase(1);
-        }
         let mut seg = Block::segment(ptr, seg_size, stream, kind);
         seg.pool = self.route();
         Ok(Some(self.blocks.insert(seg)))
@@ -855,18 +848,35 @@ impl State {
         let freed = dev.free(index, b.ptr);
         drop(range);
         freed?;
-        let (st, size) = (b.kind.stat_type(), b.size);
+        let (kind, size) = (b.kind, b.size);
         self.pool_remove(id);
         self.blocks.remove(id);
-        self.reserved -= size;
         self.shared.unreserve(size);
+        self.segment_removed(kind, size);
+        self.stats.num_device_free += 1;
+        Ok(())
+    }
+
+    /// Counts a segment this shard now holds: reserved bytes and segment statistics.
+    fn segment_added(&mut self, kind: PoolKind, size: usize) {
+        self.reserved += size;
+        let st = kind.stat_type();
+        stats::increase(&mut self.stats.segment, st, 1);
+        stats::increase(&mut self.stats.reserved_bytes, st, size);
+        if size >= self.config.max_split_size {
+            self.stats.oversize_segments.increase(1);
+        }
+    }
+
+    /// Uncounts a segment this shard no longer holds (freed or lent).
+    fn segment_removed(&mut self, kind: PoolKind, size: usize) {
+        self.reserved -= size;
+        let st = kind.stat_type();
         stats::decrease(&mut self.stats.segment, st, 1);
         stats::decrease(&mut self.stats.reserved_bytes, st, size);
-        self.stats.num_device_free += 1;
         if size >= self.config.max_split_size {
             self.stats.oversize_segments.decrease(1);
         }
-        Ok(())
     }
 
     /// Releases every free whole segment of every stream and pool.
@@ -1016,13 +1026,7 @@ impl State {
             // Without the device-side order, wait on the host instead.
             dev.synchronize_device(index)?;
         }
-        self.reserved += size;
-        let st = kind.stat_type();
-        stats::increase(&mut self.stats.segment, st, 1);
-        stats::increase(&mut self.stats.reserved_bytes, st, size);
-        if size >= self.config.max_split_size {
-            self.stats.oversize_segments.increase(1);
-        }
+        self.segment_added(kind, size);
         Ok(Some(
             self.blocks.insert(Block::segment(ptr, size, stream, kind)),
         ))
@@ -1048,13 +1052,7 @@ impl State {
             .min_by_key(|&(s, p, _)| (s, p))?;
         self.pool_remove(id);
         let b = self.blocks.remove(id);
-        self.reserved -= bsize;
-        let st = kind.stat_type();
-        stats::decrease(&mut self.stats.segment, st, 1);
-        stats::decrease(&mut self.stats.reserved_bytes, st, bsize);
-        if bsize >= self.config.max_split_size {
-            self.stats.oversize_segments.decrease(1);
-        }
+        self.segment_removed(kind, bsize);
         Some((b.ptr, bsize, b.stream))
     }
 
