@@ -70,6 +70,27 @@ def _build_shim(lib_path):
     )
 
 
+def _set_env(backend, conf):
+    """NPUALLOC_BACKEND unless the environment already sets it; NPUALLOC_CONF if given."""
+    os.environ.setdefault("NPUALLOC_BACKEND", backend)
+    if conf is not None:
+        os.environ["NPUALLOC_CONF"] = conf
+
+
+def _pluggable(cls, reset_fn):
+    """A torch pluggable allocator of class `cls` over libnpualloc, with the entry
+    points both torch_npu and torch.cuda take: (path, lib, pluggable, its allocator)."""
+    path = library_path()
+    lib = load(path)
+    pluggable = cls(path, "npualloc_malloc", "npualloc_free")
+    alloc = pluggable.allocator()
+    alloc.set_init_fn(address(lib, "npualloc_init"))
+    alloc.set_reset_fn(address(lib, reset_fn))
+    alloc.set_memory_fraction_fn(address(lib, "npualloc_set_memory_fraction"))
+    alloc.set_base_alloc_fn(address(lib, "npualloc_base_alloc"))
+    return path, lib, pluggable, alloc
+
+
 def install(backend="acl", conf=None):
     """Makes npualloc torch_npu's NPU allocator.
 
@@ -77,20 +98,13 @@ def install(backend="acl", conf=None):
     environment already does; `conf` sets NPUALLOC_CONF (PyTorch syntax). Returns the
     torch_npu NPUPluggableAllocator.
     """
-    os.environ.setdefault("NPUALLOC_BACKEND", backend)
-    if conf is not None:
-        os.environ["NPUALLOC_CONF"] = conf
+    _set_env(backend, conf)
     import torch_npu  # noqa: F401  (a stand-in module in the tests)
     from torch_npu.npu import memory as npu_memory
 
-    path = library_path()
-    lib = load(path)
-    pluggable = npu_memory.NPUPluggableAllocator(path, "npualloc_malloc", "npualloc_free")
-    alloc = pluggable.allocator()
-    alloc.set_init_fn(address(lib, "npualloc_init"))
-    alloc.set_reset_fn(address(lib, "npualloc_empty_cache"))
-    alloc.set_memory_fraction_fn(address(lib, "npualloc_set_memory_fraction"))
-    alloc.set_base_alloc_fn(address(lib, "npualloc_base_alloc"))
+    path, _, pluggable, alloc = _pluggable(
+        npu_memory.NPUPluggableAllocator, "npualloc_empty_cache"
+    )
     shim = _build_shim(path)
     shim.install_runtime_hooks()
     alloc.set_record_stream_fn(shim.record_stream_fn())
@@ -107,19 +121,12 @@ def install(backend="acl", conf=None):
 def install_cuda(conf=None):
     """Makes npualloc torch's CUDA allocator (CUDAPluggableAllocator), on the CUDA
     backend. Must run before CUDA is initialised. Returns the pluggable allocator."""
-    os.environ.setdefault("NPUALLOC_BACKEND", "cuda")
-    if conf is not None:
-        os.environ["NPUALLOC_CONF"] = conf
+    _set_env("cuda", conf)
     from torch.cuda import memory as cuda_memory
 
-    path = library_path()
-    lib = load(path)
-    pluggable = cuda_memory.CUDAPluggableAllocator(path, "npualloc_malloc", "npualloc_free")
-    alloc = pluggable.allocator()
-    alloc.set_init_fn(address(lib, "npualloc_init"))
-    alloc.set_reset_fn(address(lib, "npualloc_empty_cache_all"))
-    alloc.set_memory_fraction_fn(address(lib, "npualloc_set_memory_fraction"))
-    alloc.set_base_alloc_fn(address(lib, "npualloc_base_alloc"))
+    _, lib, pluggable, alloc = _pluggable(
+        cuda_memory.CUDAPluggableAllocator, "npualloc_empty_cache_all"
+    )
     # torch.cuda's record-stream setter takes a plain cudaStream_t: no shim needed.
     alloc.set_record_stream_fn(address(lib, "npualloc_record_stream"))
     _swap(cuda_memory.change_current_allocator, pluggable)
