@@ -13,6 +13,11 @@ const MIB: usize = 1 << 20;
 /// Number of power-of-two size intervals `roundup_power2_divisions` covers (1 MiB to 64 GiB).
 pub const ROUNDUP_INTERVALS: usize = 16;
 
+/// Settings that turn off npualloc's additions, giving PyTorch's caching-allocator
+/// policy exactly (replays of the shipped traces match PyTorch's figures).
+pub const PYTORCH_POLICY: &str =
+    "reclaim_before_growth:False,adaptive_segments:False,hot_cache:False,lend_segments:False";
+
 /// Parsed allocator settings.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
@@ -36,7 +41,8 @@ pub struct Config {
     /// addition; `False` gives PyTorch's placement).
     pub hot_cache: bool,
     /// Before allocating a new segment, borrow a wholly free one cached by another
-    /// stream, ordered on the device by an event (npualloc's addition).
+    /// stream, ordered on the device by an event (npualloc's addition; `False` keeps
+    /// each stream's segments to itself, as PyTorch does).
     pub lend_segments: bool,
 }
 
@@ -251,6 +257,26 @@ mod tests {
             !Config::parse("reclaim_before_growth:False")
                 .unwrap()
                 .reclaim_before_growth
+        );
+    }
+
+    #[test]
+    fn pytorch_policy_turns_off_every_addition() {
+        let c = Config::parse(PYTORCH_POLICY).unwrap();
+        assert!(!c.reclaim_before_growth && !c.adaptive_segments);
+        assert!(!c.hot_cache && !c.lend_segments);
+        let d = Config::default();
+        assert!(d.reclaim_before_growth && d.adaptive_segments && d.hot_cache && d.lend_segments);
+        // Everything PyTorch itself has keeps its default.
+        assert_eq!(
+            Config {
+                reclaim_before_growth: true,
+                adaptive_segments: true,
+                hot_cache: true,
+                lend_segments: true,
+                ..c
+            },
+            d
         );
     }
 

@@ -1,15 +1,13 @@
 //! Pools, splitting, coalescing, stats and settings on one stream.
 
 use npualloc::allocator::BlockState;
+use npualloc::config::PYTORCH_POLICY;
 use npualloc::device::sim::SimMode;
 use npualloc::{Device, Error, StreamHandle};
 
 use crate::common::*;
 
 const S0: StreamHandle = StreamHandle::DEFAULT;
-/// Settings that give PyTorch's caching-allocator policy exactly.
-const PYTORCH_POLICY: &str =
-    "reclaim_before_growth:False,adaptive_segments:False,hot_cache:False,lend_segments:False";
 
 #[test]
 fn freed_block_is_reused_at_once_on_its_stream() {

@@ -3,6 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use npualloc::config::PYTORCH_POLICY;
 use npualloc::replay::{replay, ReplayOptions};
 use npualloc::trace::{self, Op};
 
@@ -264,7 +265,7 @@ fn pytorch_settings_reproduce_pytorch_and_defaults_beat_it() {
     for (name, ratio, mallocs) in PYTORCH_REFERENCE {
         let t = load(name);
         let pytorch = ReplayOptions {
-            conf: "reclaim_before_growth:False,adaptive_segments:False,hot_cache:False,lend_segments:False".into(),
+            conf: PYTORCH_POLICY.into(),
             ..ReplayOptions::default()
         };
         let r = replay(&t, &pytorch, |_| {}).unwrap();
