@@ -134,11 +134,7 @@ impl AclDevice {
 
     /// Loads the ACL runtime from `path` (a test aid; production code uses [`AclDevice::load`]).
     pub fn load_from(path: &str) -> Result<AclDevice, DeviceError> {
-        let c = [Candidate {
-            path: path.into(),
-            source: "an explicit path".into(),
-        }];
-        let (lib, path) = loader::open(&c, true)?;
+        let (lib, path) = loader::open_path(path)?;
         Self::from_library(lib, path)
     }
 

@@ -46,6 +46,15 @@ pub(crate) fn open(
     )))
 }
 
+/// Opens the library at `path` and nothing else (test aids' explicit paths).
+pub(crate) fn open_path(path: &str) -> Result<(Library, String), DeviceError> {
+    let c = [Candidate {
+        path: path.into(),
+        source: "an explicit path".into(),
+    }];
+    open(&c, true)
+}
+
 /// Resolves a required symbol; the error names it and the library.
 ///
 /// # Safety

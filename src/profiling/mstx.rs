@@ -130,11 +130,7 @@ impl Mstx {
 
     /// Loads the library at `path` (a test aid).
     pub fn load_from(path: &str) -> Result<Mstx, DeviceError> {
-        let c = [Candidate {
-            path: path.into(),
-            source: "an explicit path".into(),
-        }];
-        let (lib, path) = loader::open(&c, true)?;
+        let (lib, path) = loader::open_path(path)?;
         Self::from_library(lib, path)
     }
 
