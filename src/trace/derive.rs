@@ -69,14 +69,8 @@ pub fn derive(trace: &Trace, case: &str) -> Option<Trace> {
             }
         }
         "branch" | "rr4" => {
-            let streams: u32 = if case == "branch" { 2 } else { 4 };
-            let stream_of_group = |g: usize| -> u32 {
-                if streams == 2 {
-                    (g % 2) as u32
-                } else {
-                    (g % 4) as u32
-                }
-            };
+            let streams: usize = if case == "branch" { 2 } else { 4 };
+            let stream_of_group = |g: usize| (g % streams) as u32;
             for op in &trace.ops {
                 match *op {
                     Op::Alloc { id, size, .. } => {
@@ -90,20 +84,20 @@ pub fn derive(trace: &Trace, case: &str) -> Option<Trace> {
                         live.insert(id, s);
                         allocs += 1;
                         if allocs % GROUP == 0 {
-                            // Group boundary: the finishing group's survivors are used next.
-                            let next = stream_of_group(g + 1);
-                            let user = if streams == 2 { 0 } else { next };
+                            // Group boundary: the finishing group's survivors are used next
+                            // (on a branch, by the main stream; a main group has none to hand).
+                            let user = if streams == 2 {
+                                0
+                            } else {
+                                stream_of_group(g + 1)
+                            };
                             let mut ids: Vec<u64> = live
                                 .iter()
                                 .filter(|&(_, &st)| st == s && st != user)
                                 .map(|(&i, _)| i)
                                 .collect();
                             ids.sort_unstable();
-                            if streams == 2 && s == 1 {
-                                out.extend(ids.iter().map(|&id| Op::Record { id, stream: 0 }));
-                            } else if streams == 4 {
-                                out.extend(ids.iter().map(|&id| Op::Record { id, stream: user }));
-                            }
+                            out.extend(ids.iter().map(|&id| Op::Record { id, stream: user }));
                             out.push(Op::Sync { stream: s });
                             if streams == 2 {
                                 out.push(Op::Sync { stream: 1 - s });
