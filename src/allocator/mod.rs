@@ -198,9 +198,17 @@ impl CachingAllocator {
             };
             let found = st.malloc(dev, self.index, size, stream, false, &peers);
             self.set_pending(shard, st.pending_count());
-            if let Some((ptr, _)) = found? {
-                LAST_SHARD.with(|c| c.set((self.id, si)));
-                return Ok(ptr);
+            match found {
+                Ok(Some((ptr, _))) => {
+                    LAST_SHARD.with(|c| c.set((self.id, si)));
+                    return Ok(ptr);
+                }
+                Ok(None) => {}
+                // e.g. out of memory during a capture, which must not release caches
+                Err(e) => {
+                    drop(st);
+                    return Err(self.malloc_failed(e, size));
+                }
             }
         }
         // Only the other streams' caches can help: release them one shard at a time
@@ -216,10 +224,9 @@ impl CachingAllocator {
         let found = st.malloc(dev, self.index, size, stream, true, &NoPeers);
         self.set_pending(shard, st.pending_count());
         drop(st);
-        if let Err(Error::OutOfMemory { .. }) = &found {
-            self.notify_oom(size); // outside every lock
-        }
-        let (ptr, _) = found?.expect("the last attempt either allocates or reports out of memory");
+        let (ptr, _) = found
+            .map_err(|e| self.malloc_failed(e, size))?
+            .expect("the last attempt either allocates or reports out of memory");
         LAST_SHARD.with(|c| c.set((self.id, si)));
         Ok(ptr)
     }
@@ -282,6 +289,16 @@ impl CachingAllocator {
     /// with out of memory, after the cache was released and the request retried.
     pub fn attach_oom_observer(&self, observer: impl Fn(OomInfo) + Send + Sync + 'static) {
         self.observers.write().push(Arc::new(observer));
+    }
+
+    /// A malloc's error, after running the OOM observers if it is out of memory; called
+    /// with no lock held.
+    #[cold]
+    fn malloc_failed(&self, e: Error, requested: usize) -> Error {
+        if let Error::OutOfMemory { .. } = e {
+            self.notify_oom(requested);
+        }
+        e
     }
 
     fn notify_oom(&self, requested: usize) {

@@ -134,3 +134,22 @@ fn pool_calls_are_checked() {
     check(&a);
     assert_drained(&sim, &a);
 }
+
+#[test]
+fn an_out_of_memory_during_a_capture_reaches_the_oom_observers() {
+    let (sim, a) = manual(64 * MIB);
+    let seen = std::sync::Arc::new(parking_lot::Mutex::new(Vec::new()));
+    {
+        let seen = seen.clone();
+        a.attach_oom_observer(move |info| seen.lock().push(info.requested));
+    }
+    let s = sim.create_stream(0).unwrap();
+    a.begin_allocate_to_pool(P, s).unwrap();
+    let err = a.malloc(100 * MIB, s).unwrap_err();
+    assert!(matches!(err, Error::OutOfMemory { .. }), "{err}");
+    assert_eq!(*seen.lock(), vec![100 * MIB]);
+    a.end_allocate_to_pool(P).unwrap();
+    a.release_pool(P).unwrap();
+    check(&a);
+    assert_drained(&sim, &a);
+}
