@@ -16,17 +16,19 @@ fn load(name: &str) -> trace::Trace {
     trace::parse(&text, name).unwrap()
 }
 
-/// Peak live (requested) bytes from traces/README.md.
-const README_PEAKS: [(&str, u64, usize); 4] = [
-    ("gpt2_infer.trace", 209_006_592, 788),
-    ("bert_train.trace", 1_814_755_032, 12_310),
-    ("resnet50_train.trace", 844_917_640, 5_677),
-    ("t5_train.trace", 3_943_794_284, 26_287),
+/// The shipped traces: peak live (requested) bytes and event count from
+/// traces/README.md, then PyTorch's caching-allocator policy replayed on these requests
+/// (from the performance issue): reserved / requested and device mallocs.
+const TRACES: [(&str, u64, usize, f64, u64); 4] = [
+    ("gpt2_infer.trace", 209_006_592, 788, 1.445, 8),
+    ("bert_train.trace", 1_814_755_032, 12_310, 1.164, 75),
+    ("resnet50_train.trace", 844_917_640, 5_677, 1.201, 70),
+    ("t5_train.trace", 3_943_794_284, 26_287, 1.158, 335),
 ];
 
 #[test]
 fn every_shipped_trace_replays_to_its_readme_peak() {
-    for (name, peak, events) in README_PEAKS {
+    for (name, peak, events, _, _) in TRACES {
         let t = load(name);
         assert_eq!(t.ops.len(), events, "{name}");
         let r = replay(
@@ -251,18 +253,9 @@ fn tempdir(tag: &str) -> PathBuf {
     d
 }
 
-/// PyTorch's caching-allocator policy replayed on these requests (from the performance
-/// issue): reserved / requested and device mallocs per trace.
-const PYTORCH_REFERENCE: [(&str, f64, u64); 4] = [
-    ("gpt2_infer.trace", 1.445, 8),
-    ("bert_train.trace", 1.164, 75),
-    ("resnet50_train.trace", 1.201, 70),
-    ("t5_train.trace", 1.158, 335),
-];
-
 #[test]
 fn pytorch_settings_reproduce_pytorch_and_defaults_beat_it() {
-    for (name, ratio, mallocs) in PYTORCH_REFERENCE {
+    for (name, _, _, ratio, mallocs) in TRACES {
         let t = load(name);
         let pytorch = ReplayOptions {
             conf: PYTORCH_POLICY.into(),
