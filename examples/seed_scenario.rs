@@ -75,6 +75,7 @@ fn main() {
         capacity: 1 << 30,
         backed: true,
         mode: SimMode::Threaded,
+        ..SimConfig::default()
     });
     let a = CachingAllocator::new(sim.clone(), 0, Config::default()).unwrap();
     let second = sim.create_stream(0).unwrap();

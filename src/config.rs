@@ -4,8 +4,9 @@
 //! Supported keys: `max_split_size_mb`, `max_non_split_rounding_mb`,
 //! `roundup_power2_divisions` (one power of two, or a list
 //! `[256:1,512:2,>:4]` keyed by MiB intervals), `garbage_collection_threshold`,
-//! `expandable_segments` (only `False` for now), `reclaim_before_growth`, `adaptive_segments` and `hot_cache` (npualloc's own; all
-//! `False` gives PyTorch's policy exactly).
+//! `expandable_segments`, `large_segment_size_mb`, `small_segment_size_mb`,
+//! `page_size` (`1g`), and npualloc's own `reclaim_before_growth`, `adaptive_segments`,
+//! `hot_cache` and `lend_segments` (all `False` gives PyTorch's policy exactly).
 
 use crate::error::Error;
 
@@ -29,8 +30,13 @@ pub struct Config {
     pub roundup_power2_divisions: [usize; ROUNDUP_INTERVALS],
     /// Reclaim cached blocks when usage passes this fraction of the allowed maximum.
     pub garbage_collection_threshold: f64,
-    /// Virtual-memory segments (not implemented yet; must be false).
+    /// Virtual-memory segments: one reserved address range per stream, pool and size
+    /// class, with physical pages mapped as it grows and unmapped when free.
     pub expandable_segments: bool,
+    /// Page size (mapping unit) of expandable large-pool segments.
+    pub large_page: usize,
+    /// Page size of expandable small-pool segments.
+    pub small_page: usize,
     /// Before reserved memory would grow past its high-water mark, return wholly empty
     /// cached segments first (npualloc's addition; `False` gives PyTorch's policy).
     pub reclaim_before_growth: bool,
@@ -54,6 +60,8 @@ impl Default for Config {
             roundup_power2_divisions: [0; ROUNDUP_INTERVALS],
             garbage_collection_threshold: 0.0,
             expandable_segments: false,
+            large_page: 20 * MIB,
+            small_page: 2 * MIB,
             reclaim_before_growth: true,
             adaptive_segments: true,
             hot_cache: true,
@@ -75,6 +83,15 @@ fn parse_mb(key: &str, value: &str, min: usize) -> Result<usize, Error> {
     }
     mb.checked_mul(MIB)
         .ok_or_else(|| bad(key, value, "too large"))
+}
+
+/// A page size in MiB: a multiple of 2 MiB, at least `min` MiB, at most 1 GiB.
+fn parse_page(key: &str, value: &str, min: usize) -> Result<usize, Error> {
+    let bytes = parse_mb(key, value, min)?;
+    if bytes % (2 * MIB) != 0 || bytes > 1 << 30 {
+        return Err(bad(key, value, "must be a multiple of 2 MiB, at most 1024"));
+    }
+    Ok(bytes)
 }
 
 fn parse_bool(key: &str, value: &str) -> Result<bool, Error> {
@@ -140,18 +157,18 @@ impl Config {
                     cfg.lend_segments = parse_bool(key, value)?;
                 }
                 "expandable_segments" => {
-                    cfg.expandable_segments = match value {
-                        "True" => {
-                            return Err(bad(
-                                key,
-                                value,
-                                "expandable segments are not implemented yet",
-                            ))
-                        }
-                        "False" => false,
-                        _ => return Err(bad(key, value, "expected True or False")),
-                    };
+                    cfg.expandable_segments = parse_bool(key, value)?;
                 }
+                "large_segment_size_mb" => {
+                    cfg.large_page = parse_page(key, value, 2)?;
+                }
+                "small_segment_size_mb" => {
+                    cfg.small_page = parse_page(key, value, 2)?;
+                }
+                "page_size" => match value {
+                    "1g" | "1G" => cfg.large_page = 1 << 30,
+                    _ => return Err(bad(key, value, "the only page size accepted is 1g")),
+                },
                 _ => {
                     return Err(Error::InvalidConfig(format!(
                         "unrecognized key '{key}' in allocator config"
@@ -159,7 +176,32 @@ impl Config {
                 }
             }
         }
+        if cfg.expandable_segments {
+            if cfg.max_split_size != usize::MAX {
+                return Err(Error::InvalidConfig(
+                    "expandable_segments:True cannot be combined with max_split_size_mb \
+                     (as in torch_npu): expandable segments never strand whole blocks"
+                        .into(),
+                ));
+            }
+            if cfg.garbage_collection_threshold > 0.0 {
+                return Err(Error::InvalidConfig(
+                    "expandable_segments:True cannot be combined with \
+                     garbage_collection_threshold (as in torch_npu): free pages are \
+                     unmapped before reserved memory grows instead"
+                        .into(),
+                ));
+            }
+        }
         Ok(cfg)
+    }
+
+    /// Page size of expandable segments of `kind`.
+    pub fn page_size(&self, kind: crate::pool::PoolKind) -> usize {
+        match kind {
+            crate::pool::PoolKind::Small => self.small_page,
+            crate::pool::PoolKind::Large => self.large_page,
+        }
     }
 
     /// Divisions that apply to a request of `size` bytes.
@@ -281,6 +323,17 @@ mod tests {
     }
 
     #[test]
+    fn parses_page_sizes() {
+        let c = Config::parse("expandable_segments:True").unwrap();
+        assert!(c.expandable_segments);
+        assert_eq!(c.page_size(crate::pool::PoolKind::Large), 20 * MIB);
+        assert_eq!(c.page_size(crate::pool::PoolKind::Small), 2 * MIB);
+        let c = Config::parse("large_segment_size_mb:64,small_segment_size_mb:4").unwrap();
+        assert_eq!((c.large_page, c.small_page), (64 * MIB, 4 * MIB));
+        assert_eq!(Config::parse("page_size:1g").unwrap().large_page, 1 << 30);
+    }
+
+    #[test]
     fn parses_division_list() {
         let c = Config::parse("roundup_power2_divisions:[256:1,512:2,>:8]").unwrap();
         assert_eq!(c.divisions_for(100 * MIB), 1);
@@ -301,6 +354,18 @@ mod tests {
             ("adaptive_segments:1", "True or False"),
             ("max_split_size_mb", "key:value"),
             ("roundup_power2_divisions:[256:1", "closing"),
+            ("large_segment_size_mb:3", "multiple of 2 MiB"),
+            ("large_segment_size_mb:2048", "at most 1024"),
+            ("small_segment_size_mb:0", "at least 2"),
+            ("page_size:4k", "1g"),
+            (
+                "expandable_segments:True,max_split_size_mb:40",
+                "max_split_size_mb",
+            ),
+            (
+                "garbage_collection_threshold:0.5,expandable_segments:True",
+                "garbage_collection_threshold",
+            ),
         ] {
             let e = Config::parse(s).unwrap_err().to_string();
             assert!(e.contains(needle), "{s}: {e}");

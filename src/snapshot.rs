@@ -51,7 +51,7 @@ pub fn segments_json(device: usize, segs: &[SegmentInfo]) -> Vec<Value> {
                 "stream": seg.stream.0,
                 "segment_type": if seg.kind == PoolKind::Small { "small" } else { "large" },
                 "segment_pool_id": seg.pool_id.map_or([0, 0], |(a, b)| [a, b]),
-                "is_expandable": false,
+                "is_expandable": seg.is_expandable,
                 "frames": [],
                 "blocks": blocks,
             })

@@ -108,6 +108,7 @@ fn sim_from_env() -> Result<Arc<SimDevice>, Failure> {
         capacity,
         backed: false,
         mode,
+        ..SimConfig::default()
     }))
 }
 

@@ -87,6 +87,11 @@ pub(super) fn check(st: &State) -> Result<(), String> {
             if !b.allocated && !b.stream_uses.is_empty() && !st.deferred.contains(&id) {
                 return Err(format!("block {id}: free but still lists stream uses"));
             }
+            if b.vm != hb.vm {
+                return Err(format!(
+                    "block {id}: expandable segment differs from its run's"
+                ));
+            }
             if b.pool as usize > st.private.len() || b.pool != hb.pool {
                 return Err(format!(
                     "block {id}: pool tag {} is not its segment's or is unknown",
@@ -231,6 +236,7 @@ pub(super) fn check(st: &State) -> Result<(), String> {
         return Err(format!("event {ev:?} is both idle and queued"));
     }
 
+    check_vm(st)?;
     if reserved != st.reserved {
         return Err(format!(
             "reserved {} but segments sum to {reserved}",
@@ -251,5 +257,70 @@ pub(super) fn check(st: &State) -> Result<(), String> {
         &s.inactive_split_bytes,
         &rc.inactive_split_bytes,
     )?;
+    Ok(())
+}
+
+/// Expandable segments: blocks cover exactly the mapped pages, runs are maximal.
+fn check_vm(st: &State) -> Result<(), String> {
+    let mut covered: HashMap<usize, usize> = HashMap::new();
+    for (id, b) in st.blocks.iter().filter(|(_, b)| b.vm != 0) {
+        let seg = st
+            .vm
+            .get(b.vm as usize - 1)
+            .ok_or(format!("block {id} names a missing expandable segment"))?;
+        if (b.stream, b.pool, b.kind) != (seg.stream, seg.pool, seg.kind) {
+            return Err(format!(
+                "block {id}: stream, pool or kind differs from its segment"
+            ));
+        }
+        if b.ptr < seg.base || b.ptr + b.size > seg.end() {
+            return Err(format!("block {id} lies outside its reservation"));
+        }
+        let (first, last) = (
+            (b.ptr - seg.base) / seg.page,
+            (b.ptr + b.size - 1 - seg.base) / seg.page,
+        );
+        if (first..=last).any(|i| seg.pages[i] == crate::pool::vm::Page::Unmapped) {
+            return Err(format!("block {id} covers an unmapped page"));
+        }
+        // A run starts after an unmapped page and ends before one.
+        if b.prev.is_none() && b.ptr % seg.page != seg.base % seg.page {
+            return Err(format!("run head {id} is not page-aligned"));
+        }
+        if b.prev.is_none() && seg.is_mapped_at(b.ptr.wrapping_sub(seg.page)) {
+            return Err(format!(
+                "run head {id} follows a mapped page: runs not joined"
+            ));
+        }
+        if b.next.is_none() && seg.is_mapped_at(b.ptr + b.size) {
+            return Err(format!(
+                "run tail {id} precedes a mapped page: runs not joined"
+            ));
+        }
+        if b.next.is_none() && (b.ptr + b.size - seg.base) % seg.page != 0 {
+            return Err(format!("run tail {id} does not end on a page boundary"));
+        }
+        *covered.entry(b.vm as usize - 1).or_default() += b.size;
+    }
+    for (i, seg) in st.vm.iter() {
+        let mapped = seg
+            .pages
+            .iter()
+            .filter(|p| **p != crate::pool::vm::Page::Unmapped)
+            .count();
+        if mapped != seg.mapped {
+            return Err(format!(
+                "expandable segment {i}: {mapped} pages mapped, counted {}",
+                seg.mapped
+            ));
+        }
+        let bytes = covered.get(&i).copied().unwrap_or(0);
+        if bytes != mapped * seg.page {
+            return Err(format!(
+                "expandable segment {i}: blocks cover {bytes} bytes of {} mapped",
+                mapped * seg.page
+            ));
+        }
+    }
     Ok(())
 }

@@ -102,6 +102,23 @@ impl CachingAllocator {
             });
         }
         let padding = device.request_padding();
+        if config.expandable_segments {
+            let granularity = device.vm_granularity(index as DeviceIndex).map_err(|e| {
+                Error::InvalidConfig(format!(
+                    "expandable_segments:True needs virtual memory, which the {} backend \
+                     cannot give: {e}",
+                    device.name()
+                ))
+            })?;
+            for page in [config.small_page, config.large_page] {
+                if page % granularity != 0 {
+                    return Err(Error::InvalidConfig(format!(
+                        "expandable page size {page} is not a multiple of the device's \
+                         mapping granularity {granularity}"
+                    )));
+                }
+            }
+        }
         Ok(CachingAllocator {
             device,
             index: index as DeviceIndex,

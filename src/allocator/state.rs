@@ -7,6 +7,8 @@
 //! - a pending block's `event_count` equals its queued events plus parked frees;
 //! - `reserved` and every current statistic equal a recount of the blocks.
 
+mod expandable;
+
 use rustc_hash::FxHashSet;
 use std::sync::Arc;
 
@@ -21,7 +23,7 @@ use crate::pool::free_list::HOT_CAPACITY;
 use crate::pool::rounding::{
     allocation_size, round_size, LARGE_BUFFER, MIN_BLOCK, ROUND_LARGE, SMALL_SIZE,
 };
-use crate::pool::{Block, BlockId, PoolKind, PoolTag, PtrTable, StreamMap};
+use crate::pool::{Block, BlockId, PoolKind, PoolTag, PtrTable, StreamMap, VmSegment};
 use crate::profiling::Mstx;
 use crate::stats::{self, DeviceStats, StatType};
 use crate::stream::{EventPool, PendingFrees};
@@ -91,6 +93,8 @@ pub struct SegmentInfo {
     pub blocks: Vec<BlockInfo>,
     /// The graph-private pool holding the segment (`None`: the stream's own pool).
     pub pool_id: Option<(u64, u64)>,
+    /// A run of mapped pages of an expandable segment.
+    pub is_expandable: bool,
 }
 
 pub(super) struct State {
@@ -126,6 +130,8 @@ pub(super) struct State {
     /// Frees with stream uses made during a capture: their events are recorded when it
     /// ends (event calls are not allowed while capturing).
     pub deferred: Vec<BlockId>,
+    /// Expandable segments (`Block::vm` is an index here plus one).
+    pub vm: Slab<VmSegment>,
 }
 
 /// A graph-private pool (PyTorch's `PrivatePool`).
@@ -162,6 +168,7 @@ impl State {
             private: Vec::new(),
             capturing: None,
             deferred: Vec::new(),
+            vm: Slab::new(),
         }
     }
 
@@ -408,6 +415,18 @@ impl State {
                 return Ok(Some(id));
             }
         }
+        if self.config.expandable_segments {
+            return self.allocate_pages(
+                dev,
+                index,
+                size,
+                rounded,
+                stream,
+                kind,
+                others_released,
+                peers,
+            );
+        }
         if !others_released {
             if self.gc_enabled() {
                 self.garbage_collect(dev, index, peers);
@@ -446,6 +465,50 @@ impl State {
             }
         }
         Err(self.out_of_memory(dev, index, size, seg_size))
+    }
+
+    /// `allocate_segment` for expandable segments: map pages, after giving back idle
+    /// free pages if reserved memory would pass its high-water mark.
+    #[allow(clippy::too_many_arguments)]
+    fn allocate_pages(
+        &mut self,
+        dev: &dyn Device,
+        index: DeviceIndex,
+        size: usize,
+        rounded: usize,
+        stream: StreamHandle,
+        kind: PoolKind,
+        others_released: bool,
+        peers: &dyn Peers,
+    ) -> Result<Option<BlockId>, Error> {
+        let grow = rounded.next_multiple_of(self.config.page_size(kind));
+        if !others_released {
+            if self.capturing.is_none() {
+                self.release_empty_before_growth(dev, index, grow, peers);
+            }
+            if let Some(id) = self.vm_grow(dev, index, stream, kind, rounded)? {
+                return Ok(Some(id));
+            }
+            if self.capturing.is_none() {
+                if self.vm_release_free(dev, index, usize::MAX, 0) > 0 {
+                    if let Some(id) = self.vm_grow(dev, index, stream, kind, rounded)? {
+                        return Ok(Some(id));
+                    }
+                }
+                return Ok(None);
+            }
+            return Err(self.out_of_memory(dev, index, size, grow));
+        }
+        let markers = self.markers.clone();
+        let _range = markers.range(|| format!("npualloc.oom_retry {size}B dev{index}"));
+        let released = self.release_cached_blocks(dev, index);
+        self.stats.num_alloc_retries += 1;
+        if released.is_ok() {
+            if let Some(id) = self.vm_grow(dev, index, stream, kind, rounded)? {
+                return Ok(Some(id));
+            }
+        }
+        Err(self.out_of_memory(dev, index, size, grow))
     }
 
     /// Counts an OOM and builds its error, with torch_npu's message.
@@ -510,6 +573,10 @@ impl State {
 
     fn should_split(&self, block: &Block, rounded: usize) -> bool {
         let rem = block.size - rounded;
+        if block.vm != 0 {
+            // Expandable segments strand nothing by splitting (PyTorch's rule).
+            return rem >= MIN_BLOCK;
+        }
         match block.kind {
             PoolKind::Small => rem >= MIN_BLOCK,
             PoolKind::Large => rounded < self.config.max_split_size && rem > SMALL_SIZE,
@@ -526,6 +593,7 @@ impl State {
             let b = &self.blocks[id];
             let mut front = Block::segment(b.ptr, rounded, b.stream, b.kind);
             front.pool = b.pool;
+            front.vm = b.vm;
             front.prev = b.prev;
             front.next = Some(id);
             let front_id = self.blocks.insert(front);
@@ -833,6 +901,12 @@ impl State {
 
     // ---- releasing memory -------------------------------------------------------------
 
+    /// Whether free block `id` is a whole device allocation (unsplit, not expandable).
+    fn is_whole_segment(&self, id: BlockId) -> bool {
+        let b = &self.blocks[id];
+        !b.is_split() && b.vm == 0
+    }
+
     /// Frees a whole, unsplit, free segment to the device.
     fn release_block(
         &mut self,
@@ -887,13 +961,14 @@ impl State {
             .filter(|((_, tag), _)| self.pool_releasable(*tag))
             .flat_map(|(_, p)| p.small.iter().chain(p.large.iter()))
             .map(|(_, _, id)| id)
-            .filter(|&id| !self.blocks[id].is_split())
+            .filter(|&id| self.is_whole_segment(id))
             .collect();
+        self.vm_release_free(dev, index, usize::MAX, 0);
+        let mut result = self.vm_release_reservations(dev, index);
         if whole.is_empty() {
-            return Ok(());
+            return result;
         }
         dev.drain_before_free(index)?;
-        let mut result = Ok(());
         for id in whole {
             if let Err(e) = self.release_block(dev, index, id) {
                 result = result.and(Err(e));
@@ -937,7 +1012,7 @@ impl State {
             return false;
         };
         let list = pools.get(kind);
-        let whole = |id: BlockId| !self.blocks[id].is_split();
+        let whole = |id: BlockId| self.is_whole_segment(id);
         if let Some((_, _, id)) = list.best_fit(target).filter(|&(_, _, id)| whole(id)) {
             return dev.drain_before_free(index).is_ok()
                 && self.release_block(dev, index, id).is_ok();
@@ -1048,7 +1123,7 @@ impl State {
             .iter()
             .filter(|((_, tag), _)| *tag == 0)
             .flat_map(|(_, p)| p.get(kind).iter())
-            .filter(|&(s, _, id)| s >= size && s <= limit && !self.blocks[id].is_split())
+            .filter(|&(s, _, id)| s >= size && s <= limit && self.is_whole_segment(id))
             .min_by_key(|&(s, p, _)| (s, p))?;
         self.pool_remove(id);
         let b = self.blocks.remove(id);
@@ -1072,7 +1147,7 @@ impl State {
             .flat_map(|(_, p)| p.small.iter().chain(p.large.iter()))
             .filter(|&(_, _, id)| {
                 let b = &self.blocks[id];
-                !b.is_split() && self.malloc_calls - b.freed_at >= min_idle
+                self.is_whole_segment(id) && self.malloc_calls - b.freed_at >= min_idle
             })
             .map(|(s, _, id)| (s, id))
             .collect();
@@ -1089,6 +1164,9 @@ impl State {
                 }
                 self.recent_reclaims.push_back((s, self.malloc_calls));
             }
+        }
+        if released < want {
+            released += self.vm_release_free(dev, index, want - released, min_idle);
         }
         released
     }
@@ -1137,7 +1215,7 @@ impl State {
             .iter()
             .filter(|((_, tag), _)| *tag == 0)
             .flat_map(|(_, p)| p.large.iter())
-            .filter(|&(_, _, id)| !self.blocks[id].is_split())
+            .filter(|&(_, _, id)| self.is_whole_segment(id))
             .map(|(s, _, id)| (self.gc_calls - self.blocks[id].gc_count_base, s, id))
             .collect();
         let mut reclaimed = 0;
@@ -1216,6 +1294,7 @@ impl State {
                 }
                 SegmentInfo {
                     pool_id: (b.pool != 0).then(|| self.private[b.pool as usize - 1].id),
+                    is_expandable: b.vm != 0,
                     address: b.ptr,
                     total_size: blocks.iter().map(|x| x.size).sum(),
                     stream: b.stream,

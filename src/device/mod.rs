@@ -45,6 +45,10 @@ impl fmt::Display for StreamHandle {
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub struct EventHandle(pub usize);
 
+/// Physical memory mapped into a reserved address range (the runtime's handle).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct PhysHandle(pub usize);
+
 /// Free and total memory of a device, in bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MemInfo {
@@ -181,4 +185,61 @@ pub trait Device: Send + Sync {
         let _ = device;
         Ok(())
     }
+    /// Blocks the host until all work queued on `stream` has run.
+    fn synchronize_stream(
+        &self,
+        device: DeviceIndex,
+        stream: StreamHandle,
+    ) -> Result<(), DeviceError> {
+        let _ = stream;
+        self.synchronize_device(device)
+    }
+
+    // ---- virtual memory (expandable segments) -----------------------------------------
+
+    /// The mapping granularity in bytes, or an error naming what the runtime lacks
+    /// when it cannot reserve address ranges and map physical pages into them.
+    fn vm_granularity(&self, device: DeviceIndex) -> Result<usize, DeviceError> {
+        let _ = device;
+        Err(DeviceError::Unavailable(format!(
+            "the {} backend has no virtual-memory support",
+            self.name()
+        )))
+    }
+    /// Reserves `size` bytes of address space (no memory behind it).
+    fn vm_reserve(&self, device: DeviceIndex, size: usize) -> Result<DevicePtr, DeviceError> {
+        let _ = (device, size);
+        Err(self.vm_granularity(device).err().unwrap_or_else(no_vm))
+    }
+    /// Returns an address range from [`Device::vm_reserve`]; nothing may be mapped in it.
+    fn vm_release(&self, device: DeviceIndex, va: DevicePtr) -> Result<(), DeviceError> {
+        let _ = (device, va);
+        Err(self.vm_granularity(device).err().unwrap_or_else(no_vm))
+    }
+    /// Allocates `size` bytes of physical memory and maps them at `va` (inside a
+    /// reservation, granularity-aligned); out of memory leaves nothing behind.
+    fn vm_map(
+        &self,
+        device: DeviceIndex,
+        va: DevicePtr,
+        size: usize,
+    ) -> Result<PhysHandle, DeviceError> {
+        let _ = (device, va, size);
+        Err(self.vm_granularity(device).err().unwrap_or_else(no_vm))
+    }
+    /// Unmaps what [`Device::vm_map`] mapped at `va` and frees its physical memory. It
+    /// does not synchronise: the caller makes sure no queued work touches the range.
+    fn vm_unmap(
+        &self,
+        device: DeviceIndex,
+        va: DevicePtr,
+        handle: PhysHandle,
+    ) -> Result<(), DeviceError> {
+        let _ = (device, va, handle);
+        Err(self.vm_granularity(device).err().unwrap_or_else(no_vm))
+    }
+}
+
+fn no_vm() -> DeviceError {
+    DeviceError::Unavailable("virtual memory is not supported".into())
 }

@@ -10,6 +10,7 @@
 //! - a block is *free* (`!allocated && event_count == 0`) exactly when it sits in its
 //!   stream's free list or, marked `hot`, in its stream's hot cache; no two free blocks
 //!   outside the hot cache are neighbours;
+//! - blocks of an expandable segment (`vm != 0`) cover mapped pages only;
 //! - `stream_uses` never contains the block's own stream, and is empty unless allocated.
 
 use smallvec::SmallVec;
@@ -81,6 +82,9 @@ pub struct Block {
     pub hot: bool,
     /// The pool of the block's segment: 0 for the stream's own, else a graph-private pool.
     pub pool: u32,
+    /// The expandable segment holding the block: 0 for an ordinary device allocation,
+    /// else its index in the shard's segment table plus one.
+    pub vm: u32,
 }
 
 impl Block {
@@ -102,6 +106,7 @@ impl Block {
             bin_pos: 0,
             hot: false,
             pool: 0,
+            vm: 0,
         }
     }
 

@@ -4,7 +4,9 @@ pub mod block;
 pub mod free_list;
 pub mod ptr_table;
 pub mod rounding;
+pub mod vm;
 
 pub use block::{Block, BlockId, PoolKind};
 pub use free_list::{FreeList, PoolKey, PoolTag, StreamMap, StreamPools};
 pub use ptr_table::PtrTable;
+pub use vm::VmSegment;

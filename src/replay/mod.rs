@@ -141,6 +141,7 @@ pub fn replay(
         capacity: opts.capacity,
         backed: false,
         mode: SimMode::Manual,
+        ..SimConfig::default()
     });
     let alloc = CachingAllocator::new(sim.clone(), 0, config)?;
     let mut streams: HashMap<u32, StreamHandle> = HashMap::from([(0, StreamHandle::DEFAULT)]);

@@ -24,6 +24,7 @@ pub fn with(
         capacity,
         backed,
         mode,
+        ..SimConfig::default()
     });
     let alloc = CachingAllocator::new(sim.clone(), 0, Config::parse(conf).unwrap()).unwrap();
     (sim, alloc)
@@ -47,6 +48,8 @@ pub fn assert_drained(sim: &SimDevice, alloc: &CachingAllocator) {
     assert_eq!(c.live_allocations, 0);
     assert_eq!(c.events_created, c.events_destroyed, "leaked events: {c:?}");
     assert_eq!(c.mallocs, c.frees);
+    assert_eq!(c.maps, c.unmaps, "pages still mapped: {c:?}");
+    assert_eq!(c.reservations, 0, "address ranges still reserved: {c:?}");
     assert_eq!(c.violations, 0, "device misuse: {c:?}");
     let s = alloc.stats();
     assert_eq!(s.reserved_bytes[0].current, 0);

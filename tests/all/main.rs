@@ -5,6 +5,7 @@ mod bad_input;
 mod basic;
 mod common;
 mod cross_stream;
+mod expandable;
 mod fake_acl;
 mod faults;
 mod graph_pools;

@@ -58,10 +58,15 @@ struct Guard {
     op_index: u64,
 }
 
-/// Runs `ops`; returns how many device allocations they needed.
-fn run(ops: Vec<Op>) -> Result<u64, TestCaseError> {
+/// Runs `ops` with settings `conf`; returns how many device allocations they needed.
+fn run(ops: Vec<Op>, conf: &str) -> Result<u64, TestCaseError> {
     // 160 MiB: large requests hit the OOM and retry paths now and then.
-    let (sim, a) = manual(160 * MIB);
+    let (sim, a) = with(
+        160 * MIB,
+        npualloc::device::sim::SimMode::Manual,
+        false,
+        conf,
+    );
     let streams: Vec<StreamHandle> = std::iter::once(StreamHandle::DEFAULT)
         .chain((0..2).map(|_| sim.create_stream(0).unwrap()))
         .collect();
@@ -200,7 +205,9 @@ fn run(ops: Vec<Op>) -> Result<u64, TestCaseError> {
     prop_assert_eq!(c.live_bytes, 0);
     prop_assert_eq!(c.events_created, c.events_destroyed);
     prop_assert_eq!(c.violations, 0);
-    Ok(c.mallocs)
+    prop_assert_eq!(c.maps, c.unmaps);
+    prop_assert_eq!(c.reservations, 0);
+    Ok(c.mallocs + c.maps)
 }
 
 proptest! {
@@ -212,7 +219,14 @@ proptest! {
 
     #[test]
     fn random_sequences_keep_invariants(ops in proptest::collection::vec(op(), 1..120)) {
-        run(ops)?;
+        run(ops, "")?;
+    }
+
+    #[test]
+    fn random_sequences_keep_invariants_with_expandable_segments(
+        ops in proptest::collection::vec(op(), 1..120)
+    ) {
+        run(ops, "expandable_segments:True,large_segment_size_mb:4")?;
     }
 }
 
@@ -228,7 +242,7 @@ fn ten_thousand_op_workload_reuses_segments() {
         .iter()
         .filter(|o| matches!(o, Op::Malloc { .. }))
         .count();
-    let device_mallocs = run(ops).unwrap();
+    let device_mallocs = run(ops, "").unwrap();
     eprintln!(
         "10,000-op workload: {mallocs} mallocs served with {device_mallocs} device allocations"
     );

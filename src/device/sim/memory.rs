@@ -3,7 +3,10 @@
 //! Invariants:
 //! - live regions never overlap; every region starts 512-byte aligned;
 //! - `live_bytes` is the sum of live region sizes and never exceeds the capacity;
-//! - a backed region's buffer has exactly the region's size.
+//! - a backed region's buffer has exactly the region's size;
+//! - mapped regions (virtual memory) lie inside a reservation, granularity-aligned,
+//!   and count towards `live_bytes` like allocations; reservations never overlap
+//!   each other or allocations (they live in a separate address window).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,10 +23,15 @@ type Backing = Arc<Mutex<Vec<u8>>>;
 struct Region {
     size: usize,
     data: Option<Backing>,
+    /// Mapped into a reservation (freed by unmapping, not by `release`).
+    mapped: bool,
 }
 
 struct Inner {
     next_addr: usize,
+    next_va: usize,
+    /// Address-space reservations: base → size.
+    reservations: BTreeMap<usize, usize>,
     live: BTreeMap<usize, Region>,
     live_bytes: usize,
     peak_bytes: usize,
@@ -47,6 +55,9 @@ impl SimMemory {
             inner: RwLock::new(Inner {
                 // Each device gets its own 1 TiB window so addresses never collide across devices.
                 next_addr: (device + 1) << 40,
+                // Reservations come from a window far above every allocation window.
+                next_va: (device + 1) << 48,
+                reservations: BTreeMap::new(),
                 live: BTreeMap::new(),
                 live_bytes: 0,
                 peak_bytes: 0,
@@ -79,7 +90,14 @@ impl SimMemory {
         let data = self
             .backed
             .then(|| Arc::new(Mutex::new(vec![0xA5u8; size])));
-        inner.live.insert(addr, Region { size, data });
+        inner.live.insert(
+            addr,
+            Region {
+                size,
+                data,
+                mapped: false,
+            },
+        );
         inner.live_bytes += size;
         inner.peak_bytes = inner.peak_bytes.max(inner.live_bytes);
         Ok(addr)
@@ -87,8 +105,16 @@ impl SimMemory {
 
     pub(super) fn release(&self, ptr: DevicePtr) -> Result<usize, DeviceError> {
         let mut inner = self.inner.write();
-        match inner.live.remove(&ptr) {
-            Some(region) => {
+        match inner.live.remove_entry(&ptr) {
+            Some((at, region)) if region.mapped => {
+                inner.live.insert(at, region);
+                self.violations.fetch_add(1, Ordering::Relaxed);
+                Err(DeviceError::InvalidPointer {
+                    device: self.device,
+                    ptr,
+                })
+            }
+            Some((_, region)) => {
                 inner.live_bytes -= region.size;
                 Ok(region.size)
             }
@@ -126,41 +152,57 @@ impl SimMemory {
         self.violations.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Finds the region holding `[ptr, ptr + len)`; counts a violation when there is none.
-    fn region(&self, ptr: DevicePtr, len: usize) -> Option<(usize, Option<Backing>)> {
+    /// The pieces of `[ptr, ptr + len)`: (offset in region, backing, length), across
+    /// adjacent regions (mapped pages); counts a violation when part is not live.
+    fn pieces(&self, ptr: DevicePtr, len: usize) -> Option<Vec<(usize, Option<Backing>, usize)>> {
         let inner = self.inner.read();
-        let found = inner
-            .live
-            .range(..=ptr)
-            .next_back()
-            .filter(|(base, r)| ptr - **base + len <= r.size)
-            .map(|(base, r)| (ptr - base, r.data.clone()));
+        let mut out = Vec::new();
+        let (mut at, end) = (ptr, ptr.checked_add(len));
+        let found = end.is_some_and(|end| loop {
+            let Some((base, r)) = inner.live.range(..=at).next_back() else {
+                break false;
+            };
+            if at >= base + r.size {
+                break false;
+            }
+            let n = (base + r.size).min(end) - at;
+            out.push((at - base, r.data.clone(), n));
+            at += n;
+            if at >= end {
+                break true;
+            }
+        });
         drop(inner);
-        if found.is_none() {
+        if !found {
             self.note_violation();
+            return None;
         }
-        found
+        Some(out)
     }
 
     /// Writes `bytes` at `ptr`. Out-of-bounds or freed addresses count a violation and
     /// write nothing; on unbacked memory only the bounds are checked.
     pub fn write(&self, ptr: DevicePtr, bytes: &[u8]) -> bool {
-        match self.region(ptr, bytes.len()) {
-            Some((off, Some(data))) => {
-                data.lock()[off..off + bytes.len()].copy_from_slice(bytes);
-                true
+        let Some(pieces) = self.pieces(ptr, bytes.len()) else {
+            return false;
+        };
+        let mut done = 0;
+        for (off, data, n) in pieces {
+            if let Some(data) = data {
+                data.lock()[off..off + n].copy_from_slice(&bytes[done..done + n]);
             }
-            Some((_, None)) => true,
-            None => false,
+            done += n;
         }
+        true
     }
 
     /// Reads `len` bytes at `ptr`; `None` for a bad address or unbacked memory.
     pub fn read(&self, ptr: DevicePtr, len: usize) -> Option<Vec<u8>> {
-        let (off, data) = self.region(ptr, len)?;
-        let data = data?;
-        let guard = data.lock();
-        Some(guard[off..off + len].to_vec())
+        let mut out = Vec::with_capacity(len);
+        for (off, data, n) in self.pieces(ptr, len)? {
+            out.extend_from_slice(&data?.lock()[off..off + n]);
+        }
+        Some(out)
     }
 
     /// Writes `values` as little-endian `f32`s at `ptr`.
@@ -183,5 +225,136 @@ impl SimMemory {
     /// Fills `n` `f32`s at `ptr` with `value`.
     pub fn fill_f32(&self, ptr: DevicePtr, n: usize, value: f32) -> bool {
         self.write_f32(ptr, &vec![value; n])
+    }
+
+    // ---- virtual memory ---------------------------------------------------------------
+
+    fn runtime(call: &'static str, message: String) -> DeviceError {
+        DeviceError::Runtime {
+            call,
+            code: 107000,
+            message,
+        }
+    }
+
+    /// Reserves `size` bytes of address space, `granularity`-aligned.
+    pub(super) fn reserve(
+        &self,
+        size: usize,
+        granularity: usize,
+    ) -> Result<DevicePtr, DeviceError> {
+        if size == 0 || size % granularity != 0 {
+            return Err(Self::runtime(
+                "sim_vm_reserve",
+                format!("size {size} is not a positive multiple of the granularity {granularity}"),
+            ));
+        }
+        let mut inner = self.inner.write();
+        let base = inner.next_va.next_multiple_of(granularity);
+        // A guard gap keeps reservations from touching.
+        inner.next_va = base
+            .checked_add(size)
+            .and_then(|e| e.checked_add(granularity))
+            .ok_or_else(|| Self::runtime("sim_vm_reserve", "address space exhausted".into()))?;
+        inner.reservations.insert(base, size);
+        Ok(base)
+    }
+
+    /// Releases a reservation with nothing mapped in it.
+    pub(super) fn release_reservation(&self, va: DevicePtr) -> Result<(), DeviceError> {
+        let mut inner = self.inner.write();
+        let Some(&size) = inner.reservations.get(&va) else {
+            drop(inner);
+            self.note_violation();
+            return Err(Self::runtime(
+                "sim_vm_release",
+                format!("{va:#x} is not a reservation"),
+            ));
+        };
+        if inner.live.range(va..va + size).next().is_some() {
+            drop(inner);
+            self.note_violation();
+            return Err(Self::runtime(
+                "sim_vm_release",
+                format!("reservation {va:#x} still has pages mapped"),
+            ));
+        }
+        inner.reservations.remove(&va);
+        Ok(())
+    }
+
+    /// Maps `size` bytes of new physical memory at `va`.
+    pub(super) fn map(
+        &self,
+        va: DevicePtr,
+        size: usize,
+        granularity: usize,
+    ) -> Result<(), DeviceError> {
+        let mut inner = self.inner.write();
+        let inside = inner
+            .reservations
+            .range(..=va)
+            .next_back()
+            .is_some_and(|(b, s)| va.checked_add(size).is_some_and(|e| e <= b + s));
+        let aligned = size > 0 && va % granularity == 0 && size % granularity == 0;
+        let overlaps = inner
+            .live
+            .range(..va.saturating_add(size))
+            .next_back()
+            .is_some_and(|(b, r)| b + r.size > va);
+        if !inside || !aligned || overlaps {
+            drop(inner);
+            self.note_violation();
+            return Err(Self::runtime(
+                "sim_vm_map",
+                format!("cannot map {size} bytes at {va:#x}: outside a reservation, unaligned or already mapped"),
+            ));
+        }
+        if inner.live_bytes + size > self.capacity {
+            return Err(DeviceError::OutOfMemory {
+                device: self.device,
+                requested: size,
+            });
+        }
+        let data = self
+            .backed
+            .then(|| Arc::new(Mutex::new(vec![0xA5u8; size])));
+        inner.live.insert(
+            va,
+            Region {
+                size,
+                data,
+                mapped: true,
+            },
+        );
+        inner.live_bytes += size;
+        inner.peak_bytes = inner.peak_bytes.max(inner.live_bytes);
+        Ok(())
+    }
+
+    /// Unmaps what was mapped at `va`; returns its size.
+    pub(super) fn unmap(&self, va: DevicePtr) -> Result<usize, DeviceError> {
+        let mut inner = self.inner.write();
+        match inner.live.get(&va) {
+            Some(r) if r.mapped => {
+                let size = r.size;
+                inner.live.remove(&va);
+                inner.live_bytes -= size;
+                Ok(size)
+            }
+            _ => {
+                drop(inner);
+                self.note_violation();
+                Err(Self::runtime(
+                    "sim_vm_unmap",
+                    format!("nothing is mapped at {va:#x}"),
+                ))
+            }
+        }
+    }
+
+    /// Live address-space reservations.
+    pub(super) fn reservations(&self) -> usize {
+        self.inner.read().reservations.len()
     }
 }

@@ -22,7 +22,9 @@ use std::thread::JoinHandle;
 
 use parking_lot::{Mutex, RwLock};
 
-use super::{Device, DeviceError, DeviceIndex, DevicePtr, EventHandle, MemInfo, StreamHandle};
+use super::{
+    Device, DeviceError, DeviceIndex, DevicePtr, EventHandle, MemInfo, PhysHandle, StreamHandle,
+};
 use stream::{EventState, Op, Progress, StreamState};
 
 /// How queued work runs.
@@ -45,6 +47,8 @@ pub struct SimConfig {
     pub backed: bool,
     /// Threaded or manual execution.
     pub mode: SimMode,
+    /// Virtual-memory mapping granularity in bytes; 0 = no virtual-memory support.
+    pub vm_granularity: usize,
 }
 
 impl Default for SimConfig {
@@ -54,6 +58,7 @@ impl Default for SimConfig {
             capacity: 64 << 30,
             backed: false,
             mode: SimMode::Manual,
+            vm_granularity: 2 << 20,
         }
     }
 }
@@ -86,7 +91,13 @@ pub struct SimCounters {
     pub events_destroyed: u64,
     /// Event records queued.
     pub event_records: u64,
-    /// Host-blocking synchronisations (event or device).
+    /// Successful virtual-memory page mappings.
+    pub maps: u64,
+    /// Successful unmappings.
+    pub unmaps: u64,
+    /// Live address-space reservations.
+    pub reservations: usize,
+    /// Host-blocking synchronisations (event, stream or device).
     pub synchronizations: u64,
     /// Misuses seen: freeing an unknown pointer, using a destroyed event, a kernel
     /// touching memory that is not allocated.
@@ -121,10 +132,32 @@ struct DevState {
     faults: Faults,
     mallocs: AtomicU64,
     frees: AtomicU64,
+    maps: AtomicU64,
+    unmaps: AtomicU64,
     events_created: AtomicU64,
     events_destroyed: AtomicU64,
     event_records: AtomicU64,
     syncs: AtomicU64,
+}
+
+impl DevState {
+    /// The injected failure of this device allocation (malloc or page mapping), if due.
+    fn injected(&self, call: &'static str, size: usize) -> Option<DeviceError> {
+        if !tick(&self.faults.malloc_countdown) {
+            return None;
+        }
+        Some(match *self.faults.malloc_kind.lock() {
+            Some(InjectedFailure::RuntimeError) => DeviceError::Runtime {
+                call,
+                code: 507899,
+                message: "injected failure".into(),
+            },
+            _ => DeviceError::OutOfMemory {
+                device: self.index,
+                requested: size,
+            },
+        })
+    }
 }
 
 /// The simulated device (all of its devices).
@@ -156,6 +189,8 @@ impl SimDevice {
                 faults: Faults::default(),
                 mallocs: AtomicU64::new(0),
                 frees: AtomicU64::new(0),
+                maps: AtomicU64::new(0),
+                unmaps: AtomicU64::new(0),
                 events_created: AtomicU64::new(0),
                 events_destroyed: AtomicU64::new(0),
                 event_records: AtomicU64::new(0),
@@ -329,6 +364,9 @@ impl SimDevice {
         SimCounters {
             mallocs: d.mallocs.load(Ordering::Relaxed),
             frees: d.frees.load(Ordering::Relaxed),
+            maps: d.maps.load(Ordering::Relaxed),
+            unmaps: d.unmaps.load(Ordering::Relaxed),
+            reservations: d.memory.reservations(),
             live_bytes: d.memory.live_bytes(),
             peak_bytes: d.memory.peak_bytes(),
             live_allocations: d.memory.live_allocations(),
@@ -366,18 +404,8 @@ impl Device for SimDevice {
 
     fn malloc(&self, device: DeviceIndex, size: usize) -> Result<DevicePtr, DeviceError> {
         let d = self.dev(device)?;
-        if tick(&d.faults.malloc_countdown) {
-            return Err(match *d.faults.malloc_kind.lock() {
-                Some(InjectedFailure::RuntimeError) => DeviceError::Runtime {
-                    call: "sim_malloc",
-                    code: 507899,
-                    message: "injected failure".into(),
-                },
-                _ => DeviceError::OutOfMemory {
-                    device,
-                    requested: size,
-                },
-            });
+        if let Some(e) = d.injected("sim_malloc", size) {
+            return Err(e);
         }
         let ptr = d.memory.allocate(size)?;
         d.mallocs.fetch_add(1, Ordering::Relaxed);
@@ -517,5 +545,93 @@ impl Device for SimDevice {
                     .into(),
             })
         }
+    }
+
+    fn synchronize_stream(
+        &self,
+        device: DeviceIndex,
+        stream: StreamHandle,
+    ) -> Result<(), DeviceError> {
+        let d = self.dev(device)?;
+        let s = self.stream(device, stream)?;
+        d.syncs.fetch_add(1, Ordering::Relaxed);
+        match self.config.mode {
+            SimMode::Threaded => d.progress.wait_until(|| s.is_idle(), || false),
+            SimMode::Manual => {
+                s.step(usize::MAX, &d.memory, &d.progress);
+                if !s.is_idle() {
+                    // Blocked on another stream's event: run the others too.
+                    self.run_until_idle(d);
+                }
+            }
+        }
+        if s.is_idle() {
+            Ok(())
+        } else {
+            Err(DeviceError::Runtime {
+                call: "sim_synchronize_stream",
+                code: 507000,
+                message: "stream cannot drain: it waits on an event that never completes".into(),
+            })
+        }
+    }
+
+    fn vm_granularity(&self, device: DeviceIndex) -> Result<usize, DeviceError> {
+        self.dev(device)?;
+        match self.config.vm_granularity {
+            0 => Err(DeviceError::Unavailable(
+                "the simulated device was made without virtual-memory support \
+                 (SimConfig::vm_granularity = 0)"
+                    .into(),
+            )),
+            g => Ok(g),
+        }
+    }
+
+    fn vm_reserve(&self, device: DeviceIndex, size: usize) -> Result<DevicePtr, DeviceError> {
+        let g = self.vm_granularity(device)?;
+        self.dev(device)?.memory.reserve(size, g)
+    }
+
+    fn vm_release(&self, device: DeviceIndex, va: DevicePtr) -> Result<(), DeviceError> {
+        self.vm_granularity(device)?;
+        self.dev(device)?.memory.release_reservation(va)
+    }
+
+    fn vm_map(
+        &self,
+        device: DeviceIndex,
+        va: DevicePtr,
+        size: usize,
+    ) -> Result<PhysHandle, DeviceError> {
+        let g = self.vm_granularity(device)?;
+        let d = self.dev(device)?;
+        if let Some(e) = d.injected("sim_vm_map", size) {
+            return Err(e);
+        }
+        d.memory.map(va, size, g)?;
+        d.maps.fetch_add(1, Ordering::Relaxed);
+        Ok(PhysHandle(va))
+    }
+
+    fn vm_unmap(
+        &self,
+        device: DeviceIndex,
+        va: DevicePtr,
+        handle: PhysHandle,
+    ) -> Result<(), DeviceError> {
+        self.vm_granularity(device)?;
+        let d = self.dev(device)?;
+        if handle.0 != va {
+            d.memory.note_violation();
+            return Err(DeviceError::Runtime {
+                call: "sim_vm_unmap",
+                code: 107000,
+                message: format!("handle {:#x} was not mapped at {va:#x}", handle.0),
+            });
+        }
+        d.memory.unmap(va)?;
+        d.unmaps.fetch_add(1, Ordering::Relaxed);
+        Ok(())
     }
 }
