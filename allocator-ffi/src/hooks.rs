@@ -5,7 +5,7 @@ use std::ffi::{c_int, c_void};
 use std::sync::Arc;
 
 use npualloc_core::device::{
-    DeviceError, DeviceIndex, DevicePtr, EventHandle, MemInfo, StreamHandle,
+    DeviceError, DeviceIndex, DevicePtr, EventHandle, MemInfo, PhysHandle, StreamHandle,
 };
 use npualloc_core::Device;
 
@@ -203,5 +203,43 @@ impl Device for HookedDevice {
             }),
             None => self.inner.synchronize_device(device),
         }
+    }
+    fn synchronize_stream(
+        &self,
+        device: DeviceIndex,
+        stream: StreamHandle,
+    ) -> Result<(), DeviceError> {
+        self.inner.synchronize_stream(device, stream)
+    }
+    fn vm_granularity(&self, device: DeviceIndex) -> Result<usize, DeviceError> {
+        self.inner.vm_granularity(device)
+    }
+    fn vm_reserve(&self, device: DeviceIndex, size: usize) -> Result<DevicePtr, DeviceError> {
+        self.inner.vm_reserve(device, size)
+    }
+    fn vm_release(
+        &self,
+        device: DeviceIndex,
+        va: DevicePtr,
+        size: usize,
+    ) -> Result<(), DeviceError> {
+        self.inner.vm_release(device, va, size)
+    }
+    fn vm_map(
+        &self,
+        device: DeviceIndex,
+        va: DevicePtr,
+        size: usize,
+    ) -> Result<PhysHandle, DeviceError> {
+        self.inner.vm_map(device, va, size)
+    }
+    fn vm_unmap(
+        &self,
+        device: DeviceIndex,
+        va: DevicePtr,
+        size: usize,
+        handle: PhysHandle,
+    ) -> Result<(), DeviceError> {
+        self.inner.vm_unmap(device, va, size, handle)
     }
 }

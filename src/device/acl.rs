@@ -11,13 +11,21 @@
 //! (reusable `Ex` variant preferred) and queried with `aclrtQueryEventStatus` (fallback
 //! `aclrtQueryEvent`, whose status values are the other way round). ACL's current device
 //! is per thread: each call sets the target device and restores the caller's.
+//!
+//! Virtual memory (expandable segments) follows torch_npu: `aclrtReserveMemAddress(..,
+//! flags 1)`, `aclrtMallocPhysical` with `{NONE, PINNED, ACL_HBM_MEM_HUGE (HUGE1G for
+//! 1 GiB pages), {device, DEVICE}, 0}`, `aclrtMapMem(va, size, 0, handle, 0)`; undone
+//! with `aclrtUnmapMem` + `aclrtFreePhysical`. The whole set is optional: without it
+//! `expandable_segments:True` is refused with the missing names.
 
 use std::ffi::{c_char, c_int, c_void, CStr, OsString};
 
 use libloading::Library;
 
 use super::loader::{self, Candidate};
-use super::{Device, DeviceError, DeviceIndex, DevicePtr, EventHandle, MemInfo, StreamHandle};
+use super::{
+    Device, DeviceError, DeviceIndex, DevicePtr, EventHandle, MemInfo, PhysHandle, StreamHandle,
+};
 
 type AclError = c_int;
 type Ptr = *mut c_void;
@@ -32,6 +40,62 @@ const ACL_HBM_MEM: c_int = 1;
 const ACL_EVENT_CAPTURE_STREAM_PROGRESS: u32 = 0x2;
 const RECORDED_STATUS_COMPLETE: c_int = 1;
 const EVENT_STATUS_COMPLETE: c_int = 0;
+const ACL_HBM_MEM_HUGE: c_int = 4;
+const ACL_HBM_MEM_HUGE1G: c_int = 10;
+const ACL_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
+/// Page-type flag torch_npu passes to `aclrtReserveMemAddress`.
+const RESERVE_FLAGS: u64 = 1;
+/// Mapping granularity when the runtime cannot be asked (`aclrtMemGetAllocationGranularity`
+/// missing): Ascend's huge page.
+const DEFAULT_GRANULARITY: usize = 2 << 20;
+
+/// `aclrtMemLocation`.
+#[repr(C)]
+struct MemLocation {
+    id: u32,
+    kind: c_int,
+}
+
+/// `aclrtPhysicalMemProp` (32 bytes; `reserve` at offset 24).
+#[repr(C)]
+struct PhysicalMemProp {
+    handle_type: c_int,
+    allocation_type: c_int,
+    mem_attr: c_int,
+    location: MemLocation,
+    reserve: u64,
+}
+
+impl PhysicalMemProp {
+    fn huge(device: DeviceIndex, size: usize) -> Self {
+        PhysicalMemProp {
+            handle_type: 0,     // ACL_MEM_HANDLE_TYPE_NONE
+            allocation_type: 0, // ACL_MEM_ALLOCATION_TYPE_PINNED
+            mem_attr: if size == 1 << 30 {
+                ACL_HBM_MEM_HUGE1G
+            } else {
+                ACL_HBM_MEM_HUGE
+            },
+            location: MemLocation {
+                id: device as u32,
+                kind: ACL_MEM_LOCATION_TYPE_DEVICE,
+            },
+            reserve: 0,
+        }
+    }
+}
+
+/// The virtual-memory functions.
+struct VmFns {
+    reserve: unsafe extern "C" fn(*mut Ptr, usize, usize, Ptr, u64) -> AclError,
+    release: PtrFn,
+    malloc_physical: unsafe extern "C" fn(*mut Ptr, usize, *const PhysicalMemProp, u64) -> AclError,
+    free_physical: PtrFn,
+    map: unsafe extern "C" fn(Ptr, usize, usize, Ptr, u64) -> AclError,
+    unmap: PtrFn,
+    granularity: Option<unsafe extern "C" fn(*mut PhysicalMemProp, c_int, *mut usize) -> AclError>,
+}
+
 /// Bytes torch_npu adds to each request before rounding on current SoCs.
 pub const ACL_REQUEST_PADDING: usize = 32;
 
@@ -62,6 +126,8 @@ struct Fns {
     destroy_event: PtrFn,
     stream_wait_event: TwoPtrFn,
     synchronize_device: unsafe extern "C" fn() -> AclError,
+    synchronize_stream: Option<PtrFn>,
+    vm: Option<VmFns>,
 }
 
 /// Which optional ACL features the loaded library has.
@@ -82,6 +148,7 @@ pub struct AclDevice {
     f: Fns,
     features: AclFeatures,
     notes: Vec<String>,
+    missing_vmm: Vec<String>,
     path: String,
     count: usize,
     // Keeps the library loaded while `f` holds pointers into it; never unloaded.
@@ -163,8 +230,11 @@ impl AclDevice {
                 destroy_event: loader::required(&lib, p, "aclrtDestroyEvent")?,
                 stream_wait_event: loader::required(&lib, p, "aclrtStreamWaitEvent")?,
                 synchronize_device: loader::required(&lib, p, "aclrtSynchronizeDevice")?,
+                synchronize_stream: loader::optional(&lib, "aclrtSynchronizeStream"),
+                vm: None,
             }
         };
+        let mut f = f;
         if f.query_event_status.is_none() && f.query_event.is_none() {
             return Err(DeviceError::Unavailable(format!(
                 "required symbol aclrtQueryEventStatus (or the older aclrtQueryEvent) is missing from '{path}'"
@@ -184,6 +254,20 @@ impl AclDevice {
             .copied()
             .filter(|n| unsafe { loader::optional::<PtrFn>(&lib, n) }.is_none())
             .collect();
+        if missing_vmm.is_empty() {
+            // SAFETY: the types are the C signatures in acl_rt.h (handles are void*).
+            f.vm = unsafe {
+                Some(VmFns {
+                    reserve: loader::required(&lib, &path, "aclrtReserveMemAddress")?,
+                    release: loader::required(&lib, &path, "aclrtReleaseMemAddress")?,
+                    malloc_physical: loader::required(&lib, &path, "aclrtMallocPhysical")?,
+                    free_physical: loader::required(&lib, &path, "aclrtFreePhysical")?,
+                    map: loader::required(&lib, &path, "aclrtMapMem")?,
+                    unmap: loader::required(&lib, &path, "aclrtUnmapMem")?,
+                    granularity: loader::optional(&lib, "aclrtMemGetAllocationGranularity"),
+                })
+            };
+        }
         let features = AclFeatures {
             malloc_align32: f.malloc_align32.is_some(),
             query_event_status: f.query_event_status.is_some(),
@@ -219,6 +303,7 @@ impl AclDevice {
             log::debug!("npualloc acl backend ({path}): {n}");
         }
         let mut dev = AclDevice {
+            missing_vmm: missing_vmm.iter().map(|s| s.to_string()).collect(),
             f,
             features,
             notes,
@@ -283,6 +368,17 @@ impl AclDevice {
             code: code.into(),
             message,
         }
+    }
+
+    /// The virtual-memory functions, or an error naming the missing ones.
+    fn vm(&self) -> Result<&VmFns, DeviceError> {
+        self.f.vm.as_ref().ok_or_else(|| {
+            DeviceError::Unavailable(format!(
+                "'{}' lacks {} (virtual memory)",
+                self.path,
+                self.missing_vmm.join(", ")
+            ))
+        })
     }
 
     fn check(&self, call: &'static str, code: AclError) -> Result<(), DeviceError> {
@@ -484,6 +580,110 @@ impl Device for AclDevice {
         self.on_device(device, || {
             self.check("aclrtSynchronizeDevice", unsafe {
                 (self.f.synchronize_device)()
+            })
+        })
+    }
+
+    fn synchronize_stream(
+        &self,
+        device: DeviceIndex,
+        stream: StreamHandle,
+    ) -> Result<(), DeviceError> {
+        let Some(sync) = self.f.synchronize_stream else {
+            return self.synchronize_device(device);
+        };
+        self.on_device(device, || {
+            // SAFETY: the caller's stream handle (NULL is the default stream).
+            self.check("aclrtSynchronizeStream", unsafe { sync(stream.0 as Ptr) })
+        })
+    }
+
+    fn vm_granularity(&self, device: DeviceIndex) -> Result<usize, DeviceError> {
+        let vm = self.vm()?;
+        let Some(query) = vm.granularity else {
+            return Ok(DEFAULT_GRANULARITY);
+        };
+        self.on_device(device, || {
+            let mut prop = PhysicalMemProp::huge(device, DEFAULT_GRANULARITY);
+            let mut g = 0usize;
+            // SAFETY: valid property struct and out-pointer; option 0 = MINIMUM.
+            self.check("aclrtMemGetAllocationGranularity", unsafe {
+                query(&mut prop, 0, &mut g)
+            })?;
+            Ok(if g == 0 { DEFAULT_GRANULARITY } else { g })
+        })
+    }
+
+    fn vm_reserve(&self, device: DeviceIndex, size: usize) -> Result<DevicePtr, DeviceError> {
+        let vm = self.vm()?;
+        self.on_device(device, || {
+            let mut va: Ptr = std::ptr::null_mut();
+            // SAFETY: valid out-pointer; expectPtr must be NULL; flags as torch_npu.
+            self.check("aclrtReserveMemAddress", unsafe {
+                (vm.reserve)(&mut va, size, 0, std::ptr::null_mut(), RESERVE_FLAGS)
+            })?;
+            Ok(va as DevicePtr)
+        })
+    }
+
+    fn vm_release(
+        &self,
+        device: DeviceIndex,
+        va: DevicePtr,
+        _size: usize,
+    ) -> Result<(), DeviceError> {
+        let vm = self.vm()?;
+        self.on_device(device, || {
+            // SAFETY: `va` came from vm_reserve and has nothing mapped.
+            self.check("aclrtReleaseMemAddress", unsafe { (vm.release)(va as Ptr) })
+        })
+    }
+
+    fn vm_map(
+        &self,
+        device: DeviceIndex,
+        va: DevicePtr,
+        size: usize,
+    ) -> Result<PhysHandle, DeviceError> {
+        let vm = self.vm()?;
+        self.on_device(device, || {
+            let prop = PhysicalMemProp::huge(device, size);
+            let mut h: Ptr = std::ptr::null_mut();
+            // SAFETY: valid out-pointer and property struct; flags must be 0.
+            let rc = unsafe { (vm.malloc_physical)(&mut h, size, &prop, 0) };
+            if OOM_CODES.contains(&rc) {
+                return Err(DeviceError::OutOfMemory {
+                    device,
+                    requested: size,
+                });
+            }
+            self.check("aclrtMallocPhysical", rc)?;
+            // SAFETY: `va` lies in a reservation and is unmapped; `h` holds `size` bytes.
+            let rc = unsafe { (vm.map)(va as Ptr, size, 0, h, 0) };
+            if rc != ACL_SUCCESS {
+                let err = self.error("aclrtMapMem", rc);
+                // SAFETY: `h` is unmapped and ours.
+                unsafe { (vm.free_physical)(h) };
+                return Err(err);
+            }
+            Ok(PhysHandle(h as usize))
+        })
+    }
+
+    fn vm_unmap(
+        &self,
+        device: DeviceIndex,
+        va: DevicePtr,
+        _size: usize,
+        handle: PhysHandle,
+    ) -> Result<(), DeviceError> {
+        let vm = self.vm()?;
+        self.on_device(device, || {
+            // SAFETY: `va` was mapped by vm_map with `handle`; the caller synchronised.
+            self.check("aclrtUnmapMem", unsafe { (vm.unmap)(va as Ptr) })?;
+            // SAFETY: the handle is now unmapped and freed once.
+            self.check("aclrtFreePhysical", unsafe {
+                (vm.free_physical)(handle.0 as Ptr)
             })
         })
     }

@@ -211,9 +211,15 @@ pub trait Device: Send + Sync {
         let _ = (device, size);
         Err(self.vm_granularity(device).err().unwrap_or_else(no_vm))
     }
-    /// Returns an address range from [`Device::vm_reserve`]; nothing may be mapped in it.
-    fn vm_release(&self, device: DeviceIndex, va: DevicePtr) -> Result<(), DeviceError> {
-        let _ = (device, va);
+    /// Returns an address range of `size` bytes from [`Device::vm_reserve`]; nothing
+    /// may be mapped in it.
+    fn vm_release(
+        &self,
+        device: DeviceIndex,
+        va: DevicePtr,
+        size: usize,
+    ) -> Result<(), DeviceError> {
+        let _ = (device, va, size);
         Err(self.vm_granularity(device).err().unwrap_or_else(no_vm))
     }
     /// Allocates `size` bytes of physical memory and maps them at `va` (inside a
@@ -227,15 +233,17 @@ pub trait Device: Send + Sync {
         let _ = (device, va, size);
         Err(self.vm_granularity(device).err().unwrap_or_else(no_vm))
     }
-    /// Unmaps what [`Device::vm_map`] mapped at `va` and frees its physical memory. It
-    /// does not synchronise: the caller makes sure no queued work touches the range.
+    /// Unmaps the `size` bytes [`Device::vm_map`] mapped at `va` and frees their
+    /// physical memory. It does not synchronise: the caller makes sure no queued work
+    /// touches the range.
     fn vm_unmap(
         &self,
         device: DeviceIndex,
         va: DevicePtr,
+        size: usize,
         handle: PhysHandle,
     ) -> Result<(), DeviceError> {
-        let _ = (device, va, handle);
+        let _ = (device, va, size, handle);
         Err(self.vm_granularity(device).err().unwrap_or_else(no_vm))
     }
 }

@@ -21,12 +21,9 @@ fn full_library_has_every_feature() {
     let path = fresh(&[]);
     let dev = AclDevice::load_from(&path).unwrap();
     let f = dev.features();
-    assert!(f.malloc_align32 && f.query_event_status && f.event_ex);
-    assert!(!f.virtual_memory, "the fake has no virtual-memory symbols");
-    assert!(dev
-        .notes()
-        .iter()
-        .any(|n| n.contains("aclrtReserveMemAddress")));
+    assert!(f.malloc_align32 && f.query_event_status && f.event_ex && f.virtual_memory);
+    assert!(dev.notes().is_empty(), "{:?}", dev.notes());
+    assert_eq!(dev.vm_granularity(0).unwrap(), 2 * MIB);
     assert_eq!(dev.device_count(), 2);
     assert_eq!(dev.request_padding(), 32);
 }
@@ -207,4 +204,84 @@ fn callers_current_device_is_restored() {
     assert_eq!(fake.current_device(), 0);
     assert_eq!(fake.counters().violations, 0, "{:?}", fake.counters());
     assert_eq!(fake.counters().live_bytes, 0);
+}
+
+fn expandable(path: &str) -> (Arc<AclDevice>, CachingAllocator) {
+    let dev = Arc::new(AclDevice::load_from(path).unwrap());
+    let conf = Config::parse("expandable_segments:True").unwrap();
+    let a = CachingAllocator::new(dev.clone(), 0, conf).unwrap();
+    (dev, a)
+}
+
+#[test]
+fn expandable_segments_map_and_unmap_through_the_runtime() {
+    let path = fresh(&[]);
+    let fake = Fake::open(&path);
+    let (_dev, a) = expandable(&path);
+    let x = a.malloc(30 * MIB, StreamHandle::DEFAULT).unwrap();
+    let y = a.malloc(15 * MIB, StreamHandle::DEFAULT).unwrap();
+    assert_eq!(y, x + 30 * MIB + 512, "pages did not extend the run");
+    let c = fake.counters();
+    assert_eq!((c.maps, c.live_physical, c.live_reservations), (3, 3, 1));
+    assert_eq!(c.live_bytes, 60 * MIB as u64);
+    // The memory is usable from the host in the fake (mapped read-write).
+    // SAFETY: `x` is a live 30 MiB mapping in this process (the fake backs it).
+    unsafe { std::ptr::write_bytes(x as *mut u8, 7, 30 * MIB) };
+    // Work still queued on the stream when the cache is emptied: the unmap must wait.
+    fake.launch(0, 0, 3);
+    a.free(x).unwrap();
+    a.free(y).unwrap();
+    a.empty_cache().unwrap();
+    let c = fake.counters();
+    assert_eq!(c.violations, 0, "unmapped under queued work, or misuse");
+    assert_eq!((c.unmaps, c.live_physical, c.live_reservations), (3, 0, 0));
+    assert_eq!(c.live_bytes, 0);
+    a.check_invariants().unwrap();
+}
+
+#[test]
+fn expandable_out_of_memory_is_recovered_then_reported() {
+    let path = fresh(&[]);
+    let fake = Fake::open(&path);
+    let (_dev, a) = expandable(&path);
+    fake.set_capacity(100 * MIB as u64);
+    let side = fake.create_stream(0);
+    let x = a.malloc(60 * MIB, StreamHandle(side)).unwrap();
+    a.free(x).unwrap();
+    // Stream 0 needs the pages stream `side` caches: they are unmapped and mapped again.
+    let y = a.malloc(80 * MIB, StreamHandle::DEFAULT).unwrap();
+    let err = a.malloc(40 * MIB, StreamHandle::DEFAULT).unwrap_err();
+    assert!(matches!(err, Error::OutOfMemory { .. }), "{err}");
+    a.check_invariants().unwrap();
+    a.free(y).unwrap();
+    a.empty_cache().unwrap();
+    let c = fake.counters();
+    assert_eq!(c.violations, 0);
+    assert_eq!(
+        (c.live_physical, c.live_reservations, c.live_bytes),
+        (0, 0, 0)
+    );
+}
+
+#[test]
+fn expandable_is_refused_without_the_virtual_memory_functions() {
+    let path = fresh(&["-DFAKE_NO_VMM"]);
+    let dev = Arc::new(AclDevice::load_from(&path).unwrap());
+    assert!(!dev.features().virtual_memory);
+    assert!(dev
+        .notes()
+        .iter()
+        .any(|n| n.contains("aclrtMallocPhysical")));
+    let conf = Config::parse("expandable_segments:True").unwrap();
+    let err = CachingAllocator::new(dev.clone(), 0, conf)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("aclrtMallocPhysical") && err.contains("expandable_segments"),
+        "{err}"
+    );
+    // Ordinary segments still work on that library.
+    let a = CachingAllocator::new(dev, 0, Config::default()).unwrap();
+    let p = a.malloc(MIB, StreamHandle::DEFAULT).unwrap();
+    a.free(p).unwrap();
 }

@@ -22,6 +22,10 @@ pub struct Counters {
     pub synchronize_calls: u64,
     pub stream_waits: u64,
     pub init_calls: u64,
+    pub maps: u64,
+    pub unmaps: u64,
+    pub live_reservations: u64,
+    pub live_physical: u64,
 }
 
 fn build_variant(flags: &[&str]) -> PathBuf {

@@ -13,7 +13,8 @@
 
 typedef struct {
   uint64_t mallocs, frees, live_bytes, events_created, events_destroyed, event_records,
-      violations, set_device_calls, synchronize_calls, stream_waits, init_calls;
+      violations, set_device_calls, synchronize_calls, stream_waits, init_calls, maps, unmaps,
+      live_reservations, live_physical;
 } fake_acl_counters;
 
 typedef struct {

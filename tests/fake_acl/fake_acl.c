@@ -12,11 +12,21 @@
  *   -DFAKE_NO_QUERY_EVENT_STATUS   no aclrtQueryEventStatus (optional symbol)
  *   -DFAKE_NO_ALIGN32              no aclrtMallocAlign32 (optional symbol)
  *   -DFAKE_NO_FREE                 no aclrtFree (required symbol)
+ *   -DFAKE_NO_VMM                  no aclrtMallocPhysical (virtual memory off)
+ *
+ * Virtual memory: aclrtReserveMemAddress reserves host address space (PROT_NONE),
+ * aclrtMallocPhysical counts physical memory against the capacity, aclrtMapMem makes
+ * the range usable, aclrtUnmapMem / aclrtFreePhysical / aclrtReleaseMemAddress undo
+ * it. Misuse is a violation: mapping outside a reservation or over a mapping, a
+ * property struct other than torch_npu's, freeing a mapped handle, releasing a
+ * reservation with pages still mapped, unmapping while the device has queued work
+ * (aclrtUnmapMem does not synchronise).
  *
  * Environment (read at first use): FAKE_ACL_DEVICES (default 2), FAKE_ACL_CAPACITY
  * (bytes, default 1 GiB), FAKE_ACL_OOM_CODE (default 207001).
  */
 #include <pthread.h>
+#include <sys/mman.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,8 +76,35 @@ typedef struct alloc_rec {
 
 typedef struct fake_acl_counters {
   uint64_t mallocs, frees, live_bytes, events_created, events_destroyed, event_records,
-      violations, set_device_calls, synchronize_calls, stream_waits, init_calls;
+      violations, set_device_calls, synchronize_calls, stream_waits, init_calls, maps, unmaps,
+      live_reservations, live_physical;
 } fake_acl_counters;
+
+/* acl_rt.h: aclrtPhysicalMemProp (32 bytes). */
+typedef struct {
+  uint32_t id;
+  int type;
+} aclrtMemLocation;
+typedef struct {
+  int handleType;
+  int allocationType;
+  int memAttr;
+  aclrtMemLocation location;
+  uint64_t reserve;
+} aclrtPhysicalMemProp;
+#define ACL_HBM_MEM_HUGE 4
+#define ACL_HBM_MEM_HUGE1G 10
+#define ACL_MEM_LOCATION_TYPE_DEVICE 1
+#define GRANULARITY (2u << 20)
+
+typedef struct vm_rec {
+  int kind; /* 1 = reservation, 2 = physical handle */
+  int device;
+  char *va;       /* reservation start, or where the handle is mapped (NULL: unmapped) */
+  size_t size;
+  struct vm_rec *next_rec;
+} vm_rec;
+static vm_rec *vm_recs = NULL;
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static int configured = 0, devices = 2, initialized = 0, require_init = 0;
@@ -352,6 +389,165 @@ EXPORT aclError aclrtSynchronizeStream(aclrtStream s) {
   LEAVE(ACL_SUCCESS);
 }
 
+/* ---- virtual memory ------------------------------------------------------------ */
+
+static int device_has_queued_work(int device) {
+  if (default_streams[device].completed < default_streams[device].enqueued) return 1;
+  for (fake_stream *f = streams; f; f = f->next_stream)
+    if (f->device == device && f->completed < f->enqueued) return 1;
+  return 0;
+}
+
+static vm_rec *reservation_holding(const char *va, size_t size) {
+  for (vm_rec *r = vm_recs; r; r = r->next_rec)
+    if (r->kind == 1 && va >= r->va && va + size <= r->va + r->size) return r;
+  return NULL;
+}
+
+static vm_rec *new_rec(int kind, char *va, size_t size) {
+  vm_rec *r = calloc(1, sizeof *r);
+  r->kind = kind;
+  r->device = current_device;
+  r->va = va;
+  r->size = size;
+  r->next_rec = vm_recs;
+  vm_recs = r;
+  return r;
+}
+
+static void drop_rec(vm_rec *r) {
+  for (vm_rec **p = &vm_recs; *p; p = &(*p)->next_rec)
+    if (*p == r) {
+      *p = r->next_rec;
+      free(r);
+      return;
+    }
+}
+
+EXPORT aclError aclrtReserveMemAddress(void **va, size_t size, size_t alignment, void *expect,
+                                       uint64_t flags) {
+  (void)alignment;
+  (void)flags;
+  aclError rc = enter(1);
+  if (rc) LEAVE(rc);
+  if (expect) LEAVE(violation("aclrtReserveMemAddress: expectPtr must be NULL"));
+  if (size == 0 || size % GRANULARITY) LEAVE(violation("aclrtReserveMemAddress: unaligned size"));
+  void *m = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (m == MAP_FAILED) LEAVE(ACL_ERROR_RT_PARAM_INVALID);
+  new_rec(1, m, size);
+  counters.live_reservations++;
+  *va = m;
+  LEAVE(ACL_SUCCESS);
+}
+
+EXPORT aclError aclrtReleaseMemAddress(void *va) {
+  aclError rc = enter(1);
+  if (rc) LEAVE(rc);
+  for (vm_rec *r = vm_recs; r; r = r->next_rec) {
+    if (r->kind == 1 && r->va == va) {
+      for (vm_rec *h = vm_recs; h; h = h->next_rec)
+        if (h->kind == 2 && h->va && h->va >= r->va && h->va < r->va + r->size)
+          LEAVE(violation("aclrtReleaseMemAddress: pages still mapped"));
+      munmap(r->va, r->size);
+      drop_rec(r);
+      counters.live_reservations--;
+      LEAVE(ACL_SUCCESS);
+    }
+  }
+  LEAVE(violation("aclrtReleaseMemAddress: not a reservation"));
+}
+
+#ifndef FAKE_NO_VMM
+EXPORT aclError aclrtMallocPhysical(void **handle, size_t size, const aclrtPhysicalMemProp *prop,
+                                    uint64_t flags) {
+  aclError rc = enter(1);
+  if (rc) LEAVE(rc);
+  if (flags || !prop || prop->handleType != 0 || prop->allocationType != 0 ||
+      (prop->memAttr != ACL_HBM_MEM_HUGE && prop->memAttr != ACL_HBM_MEM_HUGE1G) ||
+      prop->location.type != ACL_MEM_LOCATION_TYPE_DEVICE ||
+      prop->location.id != (uint32_t)current_device || prop->reserve != 0)
+    LEAVE(violation("aclrtMallocPhysical: unexpected property struct"));
+  if (size == 0 || size % GRANULARITY) LEAVE(violation("aclrtMallocPhysical: unaligned size"));
+  if (fail_next_malloc_code) {
+    int code = fail_next_malloc_code;
+    fail_next_malloc_code = 0;
+    snprintf(last_msg, sizeof last_msg, "injected failure %d", code);
+    LEAVE(code);
+  }
+  if (live_per_device[current_device] + size > capacity) {
+    snprintf(last_msg, sizeof last_msg, "out of device memory");
+    LEAVE(oom_code);
+  }
+  live_per_device[current_device] += size;
+  counters.live_bytes += size;
+  counters.live_physical++;
+  *handle = new_rec(2, NULL, size);
+  LEAVE(ACL_SUCCESS);
+}
+#endif
+
+EXPORT aclError aclrtFreePhysical(void *handle) {
+  aclError rc = enter(1);
+  if (rc) LEAVE(rc);
+  for (vm_rec *r = vm_recs; r; r = r->next_rec) {
+    if (r == handle && r->kind == 2) {
+      if (r->va) LEAVE(violation("aclrtFreePhysical: handle still mapped"));
+      live_per_device[r->device] -= r->size;
+      counters.live_bytes -= r->size;
+      counters.live_physical--;
+      drop_rec(r);
+      LEAVE(ACL_SUCCESS);
+    }
+  }
+  LEAVE(violation("aclrtFreePhysical: unknown handle"));
+}
+
+EXPORT aclError aclrtMapMem(void *va, size_t size, size_t offset, void *handle, uint64_t flags) {
+  aclError rc = enter(1);
+  if (rc) LEAVE(rc);
+  vm_rec *h = NULL;
+  for (vm_rec *r = vm_recs; r; r = r->next_rec)
+    if (r == handle && r->kind == 2) h = r;
+  if (!h || h->va) LEAVE(violation("aclrtMapMem: unknown or already mapped handle"));
+  if (offset || flags || size != h->size) LEAVE(violation("aclrtMapMem: bad size, offset or flags"));
+  char *p = va;
+  if (!reservation_holding(p, size)) LEAVE(violation("aclrtMapMem: outside a reservation"));
+  for (vm_rec *r = vm_recs; r; r = r->next_rec)
+    if (r->kind == 2 && r->va && p < r->va + r->size && r->va < p + size)
+      LEAVE(violation("aclrtMapMem: overlaps a mapping"));
+  if (mprotect(p, size, PROT_READ | PROT_WRITE)) LEAVE(ACL_ERROR_RT_PARAM_INVALID);
+  h->va = p;
+  counters.maps++;
+  LEAVE(ACL_SUCCESS);
+}
+
+EXPORT aclError aclrtUnmapMem(void *va) {
+  aclError rc = enter(1);
+  if (rc) LEAVE(rc);
+  for (vm_rec *r = vm_recs; r; r = r->next_rec) {
+    if (r->kind == 2 && r->va == va) {
+      if (device_has_queued_work(current_device))
+        LEAVE(violation("aclrtUnmapMem while the device has queued work"));
+      madvise(r->va, r->size, MADV_DONTNEED);
+      mprotect(r->va, r->size, PROT_NONE);
+      r->va = NULL;
+      counters.unmaps++;
+      LEAVE(ACL_SUCCESS);
+    }
+  }
+  LEAVE(violation("aclrtUnmapMem: nothing mapped there"));
+}
+
+EXPORT aclError aclrtMemGetAllocationGranularity(aclrtPhysicalMemProp *prop, int option,
+                                                 size_t *granularity) {
+  (void)prop;
+  (void)option;
+  aclError rc = enter(0);
+  if (rc) LEAVE(rc);
+  *granularity = GRANULARITY;
+  LEAVE(ACL_SUCCESS);
+}
+
 /* ---- test controls -------------------------------------------------------------- */
 
 EXPORT int fake_acl_create_stream(int device, aclrtStream *out) {
@@ -426,6 +622,19 @@ EXPORT void fake_acl_force_device(int device) { current_device = device; }
 EXPORT uint64_t fake_acl_live_bytes(int device) {
   pthread_mutex_lock(&mu);
   uint64_t v = (device >= 0 && device < MAX_DEVICES) ? live_per_device[device] : 0;
+  pthread_mutex_unlock(&mu);
+  return v;
+}
+
+/* Operations queued on a stream that have not run. */
+EXPORT uint64_t fake_acl_pending(int device, aclrtStream s) {
+  pthread_mutex_lock(&mu);
+  configure();
+  int saved = current_device;
+  current_device = device;
+  fake_stream *st = stream_of(s);
+  current_device = saved;
+  uint64_t v = st ? st->enqueued - st->completed : 0;
   pthread_mutex_unlock(&mu);
   return v;
 }

@@ -187,7 +187,7 @@ impl State {
                     let mut j = 0;
                     while j < i {
                         if let Page::Head { handle, len } = self.vm[seg].pages[first + j] {
-                            let _ = dev.vm_unmap(index, va + j * page, handle);
+                            let _ = dev.vm_unmap(index, va + j * page, len * page, handle);
                             self.vm[seg].clear_chunk(first + j, len);
                             j += len;
                         } else {
@@ -286,7 +286,7 @@ impl State {
         let mut failure = None;
         for &(at, h, len) in &chunks {
             let va = self.vm[seg].addr(at);
-            match dev.vm_unmap(index, va, h) {
+            match dev.vm_unmap(index, va, len * self.vm[seg].page, h) {
                 Ok(()) => {
                     self.vm[seg].clear_chunk(at, len);
                     done += len;
@@ -431,7 +431,8 @@ impl State {
             .collect();
         let mut result = Ok(());
         for i in empty {
-            match dev.vm_release(index, self.vm[i].base) {
+            let s = &self.vm[i];
+            match dev.vm_release(index, s.base, s.end() - s.base) {
                 Ok(()) => {
                     self.vm.remove(i);
                 }

@@ -593,7 +593,12 @@ impl Device for SimDevice {
         self.dev(device)?.memory.reserve(size, g)
     }
 
-    fn vm_release(&self, device: DeviceIndex, va: DevicePtr) -> Result<(), DeviceError> {
+    fn vm_release(
+        &self,
+        device: DeviceIndex,
+        va: DevicePtr,
+        _size: usize,
+    ) -> Result<(), DeviceError> {
         self.vm_granularity(device)?;
         self.dev(device)?.memory.release_reservation(va)
     }
@@ -618,6 +623,7 @@ impl Device for SimDevice {
         &self,
         device: DeviceIndex,
         va: DevicePtr,
+        _size: usize,
         handle: PhysHandle,
     ) -> Result<(), DeviceError> {
         self.vm_granularity(device)?;
