@@ -4,13 +4,21 @@
 //!
 //! Library: `NPUALLOC_CUDA_LIB`, else `libcudart.so`, then versioned names (a process
 //! that already loaded PyTorch's bundled runtime finds it by its soname).
+//!
+//! Virtual memory (expandable segments) uses the driver API, as PyTorch does:
+//! `cuMemAddressReserve`, `cuMemCreate` (pinned, on the device), `cuMemMap`,
+//! `cuMemSetAccess` (read-write for the device); `cuMemUnmap` + `cuMemRelease` undo it.
+//! The driver library (`NPUALLOC_CUDA_DRIVER_LIB`, else `libcuda.so.1`, `libcuda.so`) is
+//! optional: without it `expandable_segments:True` is refused, naming what is missing.
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, OsString};
 
 use libloading::Library;
 
 use super::loader::{self, Candidate};
-use super::{Device, DeviceError, DeviceIndex, DevicePtr, EventHandle, MemInfo, StreamHandle};
+use super::{
+    Device, DeviceError, DeviceIndex, DevicePtr, EventHandle, MemInfo, PhysHandle, StreamHandle,
+};
 
 type CudaError = c_int;
 type Ptr = *mut c_void;
@@ -18,6 +26,63 @@ const CUDA_SUCCESS: CudaError = 0;
 const CUDA_ERROR_MEMORY_ALLOCATION: CudaError = 2;
 const CUDA_ERROR_NOT_READY: CudaError = 600;
 const CUDA_EVENT_DISABLE_TIMING: c_uint = 0x02;
+
+const CU_MEM_ALLOCATION_TYPE_PINNED: c_int = 1;
+const CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
+const CU_MEM_ACCESS_FLAGS_PROT_READWRITE: c_int = 3;
+const CU_MEM_ALLOC_GRANULARITY_MINIMUM: c_int = 0;
+
+/// `CUmemLocation`.
+#[repr(C)]
+struct CuMemLocation {
+    kind: c_int,
+    id: c_int,
+}
+
+/// `CUmemAllocationProp` (32 bytes on 64-bit Linux).
+#[repr(C)]
+struct CuMemAllocationProp {
+    kind: c_int,
+    requested_handle_types: c_int,
+    location: CuMemLocation,
+    win32_handle_meta_data: *mut c_void,
+    alloc_flags: [u8; 8],
+}
+
+impl CuMemAllocationProp {
+    fn pinned(device: DeviceIndex) -> Self {
+        CuMemAllocationProp {
+            kind: CU_MEM_ALLOCATION_TYPE_PINNED,
+            requested_handle_types: 0,
+            location: CuMemLocation {
+                kind: CU_MEM_LOCATION_TYPE_DEVICE,
+                id: device as c_int,
+            },
+            win32_handle_meta_data: std::ptr::null_mut(),
+            alloc_flags: [0; 8],
+        }
+    }
+}
+
+/// `CUmemAccessDesc`.
+#[repr(C)]
+struct CuMemAccessDesc {
+    location: CuMemLocation,
+    flags: c_int,
+}
+
+/// The driver's virtual-memory functions (`CUdeviceptr` and handles are u64).
+struct DriverFns {
+    reserve: unsafe extern "C" fn(*mut u64, usize, usize, u64, u64) -> CudaError,
+    address_free: unsafe extern "C" fn(u64, usize) -> CudaError,
+    create: unsafe extern "C" fn(*mut u64, usize, *const CuMemAllocationProp, u64) -> CudaError,
+    release: unsafe extern "C" fn(u64) -> CudaError,
+    map: unsafe extern "C" fn(u64, usize, usize, u64, u64) -> CudaError,
+    unmap: unsafe extern "C" fn(u64, usize) -> CudaError,
+    set_access: unsafe extern "C" fn(u64, usize, *const CuMemAccessDesc, usize) -> CudaError,
+    granularity: unsafe extern "C" fn(*mut usize, *const CuMemAllocationProp, c_int) -> CudaError,
+    _lib: Library,
+}
 
 struct Fns {
     malloc: unsafe extern "C" fn(*mut Ptr, usize) -> CudaError,
@@ -35,11 +100,13 @@ struct Fns {
     device_synchronize: unsafe extern "C" fn() -> CudaError,
     get_last_error: unsafe extern "C" fn() -> CudaError,
     get_error_string: Option<unsafe extern "C" fn(CudaError) -> *const c_char>,
+    stream_synchronize: Option<unsafe extern "C" fn(Ptr) -> CudaError>,
 }
 
 /// The CUDA backend.
 pub struct CudaDevice {
     f: Fns,
+    driver: Result<DriverFns, String>,
     count: usize,
     path: String,
     _lib: Library,
@@ -103,10 +170,16 @@ impl CudaDevice {
                 device_synchronize: loader::required(&lib, p, "cudaDeviceSynchronize")?,
                 get_last_error: loader::required(&lib, p, "cudaGetLastError")?,
                 get_error_string: loader::optional(&lib, "cudaGetErrorString"),
+                stream_synchronize: loader::optional(&lib, "cudaStreamSynchronize"),
             }
         };
+        let driver = load_driver();
+        if let Err(e) = &driver {
+            log::debug!("npualloc cuda backend: virtual memory off: {e}");
+        }
         let mut dev = CudaDevice {
             f,
+            driver,
             count: 0,
             path,
             _lib: lib,
@@ -138,6 +211,40 @@ impl CudaDevice {
             call,
             code: code.into(),
             message,
+        })
+    }
+
+    /// The driver's virtual-memory functions, or why they are missing.
+    fn driver(&self) -> Result<&DriverFns, DeviceError> {
+        self.driver
+            .as_ref()
+            .map_err(|e| DeviceError::Unavailable(e.clone()))
+    }
+
+    /// Checks a driver call (`CUresult`).
+    fn check_cu(&self, call: &'static str, code: CudaError) -> Result<(), DeviceError> {
+        if code == CUDA_SUCCESS {
+            return Ok(());
+        }
+        Err(DeviceError::Runtime {
+            call,
+            code: code.into(),
+            message: String::new(),
+        })
+    }
+
+    /// Runs a driver call on `device` with its primary context current on this thread.
+    fn on_context<T>(
+        &self,
+        device: DeviceIndex,
+        f: impl FnOnce(&DriverFns) -> Result<T, DeviceError>,
+    ) -> Result<T, DeviceError> {
+        let d = self.driver()?;
+        self.on_device(device, || {
+            // SAFETY: cudaFree(NULL) only initialises the runtime and makes the device's
+            // primary context current.
+            self.check("cudaFree", unsafe { (self.f.free)(std::ptr::null_mut()) })?;
+            f(d)
         })
     }
 
@@ -287,6 +394,161 @@ impl Device for CudaDevice {
             self.check("cudaDeviceSynchronize", unsafe {
                 (self.f.device_synchronize)()
             })
+        })
+    }
+    fn synchronize_stream(
+        &self,
+        device: DeviceIndex,
+        stream: StreamHandle,
+    ) -> Result<(), DeviceError> {
+        let Some(sync) = self.f.stream_synchronize else {
+            return self.synchronize_device(device);
+        };
+        self.on_device(device, || {
+            // SAFETY: the caller's stream (NULL: the legacy default stream).
+            self.check("cudaStreamSynchronize", unsafe { sync(stream.0 as Ptr) })
+        })
+    }
+    fn vm_granularity(&self, device: DeviceIndex) -> Result<usize, DeviceError> {
+        self.on_context(device, |d| {
+            let prop = CuMemAllocationProp::pinned(device);
+            let mut g = 0usize;
+            // SAFETY: valid out-pointer and property struct.
+            self.check_cu("cuMemGetAllocationGranularity", unsafe {
+                (d.granularity)(&mut g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM)
+            })?;
+            Ok(g.max(1))
+        })
+    }
+    fn vm_reserve(&self, device: DeviceIndex, size: usize) -> Result<DevicePtr, DeviceError> {
+        self.on_context(device, |d| {
+            let mut va = 0u64;
+            // SAFETY: valid out-pointer; no fixed address, default alignment, flags 0.
+            self.check_cu("cuMemAddressReserve", unsafe {
+                (d.reserve)(&mut va, size, 0, 0, 0)
+            })?;
+            Ok(va as DevicePtr)
+        })
+    }
+    fn vm_release(
+        &self,
+        device: DeviceIndex,
+        va: DevicePtr,
+        size: usize,
+    ) -> Result<(), DeviceError> {
+        self.on_context(device, |d| {
+            // SAFETY: the whole range from vm_reserve, nothing mapped in it.
+            self.check_cu("cuMemAddressFree", unsafe {
+                (d.address_free)(va as u64, size)
+            })
+        })
+    }
+    fn vm_map(
+        &self,
+        device: DeviceIndex,
+        va: DevicePtr,
+        size: usize,
+    ) -> Result<PhysHandle, DeviceError> {
+        self.on_context(device, |d| {
+            let prop = CuMemAllocationProp::pinned(device);
+            let mut h = 0u64;
+            // SAFETY: valid out-pointer and property struct; flags 0.
+            let rc = unsafe { (d.create)(&mut h, size, &prop, 0) };
+            if rc == CUDA_ERROR_MEMORY_ALLOCATION {
+                return Err(DeviceError::OutOfMemory {
+                    device,
+                    requested: size,
+                });
+            }
+            self.check_cu("cuMemCreate", rc)?;
+            let access = CuMemAccessDesc {
+                location: CuMemLocation {
+                    kind: CU_MEM_LOCATION_TYPE_DEVICE,
+                    id: device as c_int,
+                },
+                flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+            };
+            // SAFETY: `va` is an unmapped part of a reservation; `h` holds `size` bytes.
+            let mapped = self
+                .check_cu("cuMemMap", unsafe { (d.map)(va as u64, size, 0, h, 0) })
+                .and_then(|_| {
+                    // SAFETY: the range was just mapped; one access descriptor.
+                    let rc = unsafe { (d.set_access)(va as u64, size, &access, 1) };
+                    if rc != CUDA_SUCCESS {
+                        // SAFETY: undoing the mapping made above.
+                        unsafe { (d.unmap)(va as u64, size) };
+                    }
+                    self.check_cu("cuMemSetAccess", rc)
+                });
+            if let Err(e) = mapped {
+                // SAFETY: `h` is ours and unmapped.
+                unsafe { (d.release)(h) };
+                return Err(e);
+            }
+            Ok(PhysHandle(h as usize))
+        })
+    }
+    fn vm_unmap(
+        &self,
+        device: DeviceIndex,
+        va: DevicePtr,
+        size: usize,
+        handle: PhysHandle,
+    ) -> Result<(), DeviceError> {
+        self.on_context(device, |d| {
+            // SAFETY: `va`/`size` is exactly what vm_map mapped; the caller synchronised.
+            self.check_cu("cuMemUnmap", unsafe { (d.unmap)(va as u64, size) })?;
+            // SAFETY: the handle is unmapped and released once.
+            self.check_cu("cuMemRelease", unsafe { (d.release)(handle.0 as u64) })
+        })
+    }
+}
+
+/// Loads the driver library's virtual-memory functions.
+fn load_driver() -> Result<DriverFns, String> {
+    let (candidates, explicit) =
+        match std::env::var_os("NPUALLOC_CUDA_DRIVER_LIB").filter(|p| !p.is_empty()) {
+            Some(p) => (
+                vec![Candidate {
+                    path: p,
+                    source: "NPUALLOC_CUDA_DRIVER_LIB".into(),
+                }],
+                true,
+            ),
+            None => (
+                ["libcuda.so.1", "libcuda.so"]
+                    .iter()
+                    .map(|n| Candidate {
+                        path: OsString::from(n),
+                        source: "the loader's search path".into(),
+                    })
+                    .collect(),
+                false,
+            ),
+        };
+    let (lib, path) = loader::open(&candidates, explicit).map_err(|e| e.to_string())?;
+    // SAFETY: the types in `DriverFns` are the driver functions' C signatures.
+    unsafe { resolve_driver(lib, &path) }.map_err(|e| e.to_string())
+}
+
+/// Resolves the virtual-memory functions of driver library `lib`.
+///
+/// # Safety
+/// `lib` must be the CUDA driver library (the types are cuda.h's: CUresult is an
+/// int-sized enum, CUdeviceptr and CUmemGenericAllocationHandle are 64-bit).
+unsafe fn resolve_driver(lib: Library, p: &str) -> Result<DriverFns, DeviceError> {
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        Ok(DriverFns {
+            reserve: loader::required(&lib, p, "cuMemAddressReserve")?,
+            address_free: loader::required(&lib, p, "cuMemAddressFree")?,
+            create: loader::required(&lib, p, "cuMemCreate")?,
+            release: loader::required(&lib, p, "cuMemRelease")?,
+            map: loader::required(&lib, p, "cuMemMap")?,
+            unmap: loader::required(&lib, p, "cuMemUnmap")?,
+            set_access: loader::required(&lib, p, "cuMemSetAccess")?,
+            granularity: loader::required(&lib, p, "cuMemGetAllocationGranularity")?,
+            _lib: lib,
         })
     }
 }
