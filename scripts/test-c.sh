@@ -19,6 +19,7 @@ cc -std=c11 "${flags[@]}" tests/c/test_abi.c "${link[@]}" -o "$out/abi"
 cc -std=c11 "${flags[@]}" -pthread tests/c/test_threads.c "${link[@]}" -o "$out/threads"
 cc -std=c11 "${flags[@]}" tests/c/test_hooks.c "${link[@]}" -o "$out/hooks"
 cc -std=c11 "${flags[@]}" tests/c/test_mstx.c "${link[@]}" -o "$out/mstx"
+cc -std=c11 "${flags[@]}" tests/c/test_expandable.c "${link[@]}" -o "$out/expandable"
 cc -shared -fPIC -O1 -fvisibility=hidden -Wall -Wextra -Werror tests/fake_mstx/fake_mstx.c -lpthread -o "$out/libms_tools_ext.so"
 # The static library links too.
 cc -std=c11 "${flags[@]}" tests/c/test_abi.c "$lib/libnpualloc.a" -lpthread -ldl -lm -o "$out/abi_static"
@@ -31,6 +32,7 @@ run_suite() {
   "$out/threads"
   "$out/hooks"
   NPUALLOC_MSTX_LIB="$out/libms_tools_ext.so" "$out/mstx"
+  "$out/expandable" "$out/expandable.json"
 }
 
 echo "-- sim backend --"
