@@ -174,6 +174,8 @@ fn table(reports: &[ReplayReport]) -> String {
         ("reserved / requested", |r| format!("{:.3}", r.ratio())),
         ("device mallocs", |r| r.device_mallocs.to_string()),
         ("device frees", |r| r.device_frees.to_string()),
+        ("page maps", |r| r.page_maps.to_string()),
+        ("page unmaps", |r| r.page_unmaps.to_string()),
         ("retries", |r| r.retries.to_string()),
         ("OOMs", |r| r.ooms.to_string()),
         ("replay speed", |r| {
@@ -210,6 +212,7 @@ fn report_json(r: &ReplayReport) -> Value {
         "peak_requested": r.peak_requested, "peak_allocated": r.peak_allocated,
         "peak_reserved": r.peak_reserved, "reserved_over_requested": r.ratio(),
         "device_mallocs": r.device_mallocs, "device_frees": r.device_frees,
+        "page_maps": r.page_maps, "page_unmaps": r.page_unmaps,
         "retries": r.retries, "ooms": r.ooms, "seconds": r.seconds,
         "events_per_sec": r.events_per_sec(),
         "empty_segment_bytes_at_peak": svg::empty_segment_bytes(&r.peak_segments),

@@ -67,10 +67,14 @@ pub struct ReplayReport {
     pub peak_allocated: u64,
     /// Peak reserved device bytes.
     pub peak_reserved: u64,
-    /// Device allocations made.
+    /// Device allocations made (whole segments).
     pub device_mallocs: u64,
-    /// Device frees made.
+    /// Device frees made (whole segments).
     pub device_frees: u64,
+    /// Pages mapped into expandable segments (one runtime mapping each).
+    pub page_maps: u64,
+    /// Pages unmapped.
+    pub page_unmaps: u64,
     /// Allocations that needed the cache released and a retry.
     pub retries: u64,
     /// Allocations that failed with out of memory.
@@ -249,6 +253,7 @@ pub fn replay(
     let seconds = start.elapsed().as_secs_f64();
     progress(trace.ops.len());
     let stats = alloc.stats();
+    let counters = sim.counters(0);
     let invariants = alloc.check_invariants();
 
     // Drain: free what the trace left live, let every stream finish, empty the cache.
@@ -267,8 +272,10 @@ pub fn replay(
         peak_requested,
         peak_allocated: stats.allocated_bytes[0].peak as u64,
         peak_reserved: stats.reserved_bytes[0].peak as u64,
-        device_mallocs: stats.num_device_alloc as u64,
-        device_frees: stats.num_device_free as u64,
+        device_mallocs: counters.mallocs,
+        device_frees: counters.frees,
+        page_maps: counters.maps,
+        page_unmaps: counters.unmaps,
         retries: stats.num_alloc_retries as u64,
         ooms: stats.num_ooms as u64,
         seconds,

@@ -283,17 +283,77 @@ fn pytorch_settings_reproduce_pytorch_and_defaults_beat_it() {
     }
 }
 
+/// PyTorch's expandable mode on the same traces (from the performance issue).
+const PYTORCH_EXPANDABLE: [(&str, f64); 4] = [
+    ("gpt2_infer.trace", 1.114),
+    ("bert_train.trace", 1.019),
+    ("resnet50_train.trace", 1.082),
+    ("t5_train.trace", 1.063),
+];
+
+#[test]
+fn expandable_segments_match_or_beat_pytorchs_expandable_mode() {
+    for (name, theirs) in PYTORCH_EXPANDABLE {
+        let t = load(name);
+        let opts = |conf: &str| ReplayOptions {
+            conf: conf.into(),
+            detail: true,
+            ..ReplayOptions::default()
+        };
+        let r = replay(&t, &opts("expandable_segments:True"), |_| {}).unwrap();
+        assert_eq!(r.invariants, Ok(()), "{name}");
+        assert_eq!(r.reserved_after_drain, 0, "{name}");
+        assert!(
+            r.ratio() <= theirs + 0.0005,
+            "{name}: {:.3} vs PyTorch's {theirs}",
+            r.ratio()
+        );
+        assert!(
+            r.page_maps > 0 && r.device_mallocs == 0,
+            "{name}: pages, not segments"
+        );
+        assert!(r.peak_segments.iter().all(|s| s.is_expandable), "{name}");
+        // Never worse than ordinary segments by more than a page of rounding.
+        let plain = replay(&t, &ReplayOptions::default(), |_| {}).unwrap();
+        assert!(
+            r.ratio() <= plain.ratio() + 0.011,
+            "{name}: {:.3} vs {:.3}",
+            r.ratio(),
+            plain.ratio()
+        );
+        // 2 MiB large pages: within 3.5% of the peak on every trace.
+        let fine = replay(
+            &t,
+            &opts("expandable_segments:True,large_segment_size_mb:2"),
+            |_| {},
+        )
+        .unwrap();
+        assert_eq!(fine.invariants, Ok(()), "{name}");
+        assert!(
+            fine.ratio() <= 1.035 + 0.0005,
+            "{name}: {:.3} with 2 MiB pages",
+            fine.ratio()
+        );
+    }
+}
+
 #[test]
 fn derived_multi_stream_cases_replay_cleanly() {
     use npualloc::trace::derive::{derive, CASES};
     let base = load("resnet50_train.trace");
     for case in CASES {
         let t = derive(&base, case).unwrap();
-        let r = replay(&t, &ReplayOptions::default(), |_| {}).unwrap();
-        assert_eq!(r.invariants, Ok(()), "{case}");
-        assert_eq!(r.peak_requested, base.peak_requested(), "{case}");
-        assert_eq!(r.reserved_after_drain, 0, "{case}");
-        assert_eq!(r.ooms, 0, "{case}");
+        for conf in ["", "expandable_segments:True"] {
+            let opts = ReplayOptions {
+                conf: conf.into(),
+                ..ReplayOptions::default()
+            };
+            let r = replay(&t, &opts, |_| {}).unwrap();
+            assert_eq!(r.invariants, Ok(()), "{case} {conf}");
+            assert_eq!(r.peak_requested, base.peak_requested(), "{case}");
+            assert_eq!(r.reserved_after_drain, 0, "{case} {conf}");
+            assert_eq!(r.ooms, 0, "{case} {conf}");
+        }
     }
 }
 
