@@ -38,7 +38,8 @@ class FakeAclCounters(ctypes.Structure):
     _fields_ = [(n, ctypes.c_uint64) for n in (
         "mallocs", "frees", "live_bytes", "events_created", "events_destroyed",
         "event_records", "violations", "set_device_calls", "synchronize_calls",
-        "stream_waits", "init_calls")]
+        "stream_waits", "init_calls", "maps", "unmaps", "live_reservations",
+        "live_physical")]
 
 
 def fake():

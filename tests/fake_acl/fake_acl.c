@@ -78,7 +78,7 @@ typedef struct fake_acl_counters {
   uint64_t mallocs, frees, live_bytes, events_created, events_destroyed, event_records,
       violations, set_device_calls, synchronize_calls, stream_waits, init_calls, maps, unmaps,
       live_reservations, live_physical;
-} fake_acl_counters;
+} fake_acl_counters; /* keep in step: tests/c/backend_ctl.h, tests/all/fake_acl.rs, python/tests/test_abi.py */
 
 /* acl_rt.h: aclrtPhysicalMemProp (32 bytes). */
 typedef struct {
