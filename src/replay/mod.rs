@@ -63,6 +63,10 @@ pub struct ReplayReport {
     pub allocations: usize,
     /// Largest sum of requested bytes of live allocations.
     pub peak_requested: u64,
+    /// Largest sum of live bytes plus freed bytes still in use on another stream: what
+    /// any allocator must reserve unless streams wait for each other
+    /// ([`Trace::pending_floor`](crate::trace::Trace::pending_floor)).
+    pub pending_floor: u64,
     /// Peak allocated (rounded block) bytes.
     pub peak_allocated: u64,
     /// Peak reserved device bytes.
@@ -96,6 +100,16 @@ pub struct ReplayReport {
 }
 
 impl ReplayReport {
+    /// The pending floor / peak requested: the least ratio reachable without
+    /// cross-stream waits.
+    pub fn floor_ratio(&self) -> f64 {
+        if self.peak_requested == 0 {
+            0.0
+        } else {
+            self.pending_floor as f64 / self.peak_requested as f64
+        }
+    }
+
     /// Peak reserved / peak requested.
     pub fn ratio(&self) -> f64 {
         if self.peak_requested == 0 {
@@ -270,6 +284,7 @@ pub fn replay(
         events: trace.ops.len(),
         allocations,
         peak_requested,
+        pending_floor: trace.pending_floor(),
         peak_allocated: stats.allocated_bytes[0].peak as u64,
         peak_reserved: stats.reserved_bytes[0].peak as u64,
         device_mallocs: counters.mallocs,

@@ -220,11 +220,72 @@ impl Trace {
         }
         peak
     }
+
+    /// The least any allocator must hold without making streams wait for each other:
+    /// the largest sum of live requested bytes plus bytes freed but still in use on a
+    /// stream they were recorded on (that stream had work queued after the `r` and has
+    /// not reached its next `s`).
+    pub fn pending_floor(&self) -> u64 {
+        use std::collections::HashSet;
+        let mut live: HashMap<u64, (u64, Vec<u32>)> = HashMap::new();
+        // Freed blocks waiting for streams: id -> (size, streams still to complete).
+        let mut pending: HashMap<u64, (u64, Vec<u32>)> = HashMap::new();
+        let mut busy: HashSet<u32> = HashSet::new();
+        let (mut cur, mut held, mut floor) = (0u64, 0u64, 0u64);
+        for op in &self.ops {
+            match *op {
+                Op::Alloc { id, size, .. } => {
+                    live.insert(id, (size, Vec::new()));
+                    cur += size;
+                }
+                Op::Record { id, stream } => {
+                    if let Some((_, uses)) = live.get_mut(&id) {
+                        uses.push(stream);
+                    }
+                    busy.insert(stream);
+                }
+                Op::Free { id } => {
+                    if let Some((size, mut uses)) = live.remove(&id) {
+                        cur -= size;
+                        uses.retain(|s| busy.contains(s));
+                        if !uses.is_empty() {
+                            held += size;
+                            pending.insert(id, (size, uses));
+                        }
+                    }
+                }
+                Op::Sync { stream } => {
+                    busy.remove(&stream);
+                    pending.retain(|_, (size, uses)| {
+                        uses.retain(|s| *s != stream);
+                        if uses.is_empty() {
+                            held -= *size;
+                        }
+                        !uses.is_empty()
+                    });
+                }
+            }
+            floor = floor.max(cur + held);
+        }
+        floor
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pending_floor_counts_frees_awaiting_their_streams() {
+        // id 0 is freed while stream 1 still has work after its record: it is held
+        // until `s 1`, while id 1 is live.
+        let t = parse("a 0 100 0\nr 0 1\nf 0\na 1 50 0\ns 1\na 2 60 0\n", "x").unwrap();
+        assert_eq!(t.peak_requested(), 110);
+        assert_eq!(t.pending_floor(), 150);
+        // A record on a stream that already completed holds nothing.
+        let t = parse("a 0 100 0\nr 0 1\ns 1\nf 0\na 1 50 0\n", "x").unwrap();
+        assert_eq!(t.pending_floor(), 100);
+    }
 
     #[test]
     fn parses_and_round_trips() {

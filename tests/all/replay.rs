@@ -353,6 +353,12 @@ fn derived_multi_stream_cases_replay_cleanly() {
             assert_eq!(r.peak_requested, base.peak_requested(), "{case}");
             assert_eq!(r.reserved_after_drain, 0, "{case} {conf}");
             assert_eq!(r.ooms, 0, "{case} {conf}");
+            // Going below the floor would mean reusing memory another stream still uses.
+            assert!(r.pending_floor >= r.peak_requested, "{case}");
+            assert!(
+                r.peak_reserved >= r.pending_floor,
+                "{case} {conf}: under the floor"
+            );
         }
     }
 }
