@@ -79,6 +79,8 @@ pub struct ReplayReport {
     pub page_maps: u64,
     /// Pages unmapped.
     pub page_unmaps: u64,
+    /// Times the host blocked on the device (event, stream or device synchronisation).
+    pub host_syncs: u64,
     /// Allocations that needed the cache released and a retry.
     pub retries: u64,
     /// Allocations that failed with out of memory.
@@ -291,6 +293,7 @@ pub fn replay(
         device_frees: counters.frees,
         page_maps: counters.maps,
         page_unmaps: counters.unmaps,
+        host_syncs: counters.synchronizations,
         retries: stats.num_alloc_retries as u64,
         ooms: stats.num_ooms as u64,
         seconds,
