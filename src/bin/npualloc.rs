@@ -57,6 +57,10 @@ enum Command {
         /// No progress bar.
         #[arg(long, short)]
         quiet: bool,
+        /// Replay each trace this many times in a row (what one repetition left live is
+        /// freed before the next), to see steady state.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+        repeat: u16,
     },
     /// Derive a multi-stream case (comm, branch, rr4) from a single-stream trace.
     Derive {
@@ -284,6 +288,7 @@ fn replay_cmd(
     snapshot: Option<PathBuf>,
     device: Option<usize>,
     quiet: bool,
+    repeat: usize,
 ) -> Result<(), String> {
     let capacity = parse_capacity(capacity)?;
     if confs.is_empty() {
@@ -294,7 +299,7 @@ fn replay_cmd(
     let mut all = Vec::new();
     let mut index = 0;
     for path in &traces {
-        let trace = load(path, device)?;
+        let trace = load(path, device)?.repeated(repeat);
         let mut reports = Vec::new();
         for conf in &confs {
             let opts = ReplayOptions {
@@ -351,8 +356,18 @@ fn main() -> ExitCode {
             snapshot,
             device,
             quiet,
+            repeat,
         } => replay_cmd(
-            traces, confs, &capacity, json, svg, html, snapshot, device, quiet,
+            traces,
+            confs,
+            &capacity,
+            json,
+            svg,
+            html,
+            snapshot,
+            device,
+            quiet,
+            repeat.into(),
         ),
         Command::Derive {
             trace,

@@ -221,6 +221,59 @@ impl Trace {
         peak
     }
 
+    /// The trace `n` times in a row, as a training loop runs it: what a repetition left
+    /// live is freed before the next starts; ids are renumbered so each stays unique.
+    /// `n <= 1` gives the trace unchanged.
+    pub fn repeated(&self, n: usize) -> Trace {
+        if n <= 1 {
+            return self.clone();
+        }
+        let span = self
+            .ops
+            .iter()
+            .filter_map(|op| match *op {
+                Op::Alloc { id, .. } => Some(id),
+                _ => None,
+            })
+            .max()
+            .map_or(1, |m| m + 1);
+        let mut ops = Vec::with_capacity(self.ops.len() * n);
+        for k in 0..n as u64 {
+            let shift = |id: u64| id + k * span;
+            let mut live = std::collections::BTreeSet::new();
+            for op in &self.ops {
+                ops.push(match *op {
+                    Op::Alloc { id, size, stream } => {
+                        live.insert(shift(id));
+                        Op::Alloc {
+                            id: shift(id),
+                            size,
+                            stream,
+                        }
+                    }
+                    Op::Free { id } => {
+                        live.remove(&shift(id));
+                        Op::Free { id: shift(id) }
+                    }
+                    Op::Record { id, stream } => Op::Record {
+                        id: shift(id),
+                        stream,
+                    },
+                    Op::Sync { stream } => Op::Sync { stream },
+                });
+            }
+            ops.extend(live.into_iter().map(|id| Op::Free { id }));
+        }
+        Trace {
+            name: if n == 1 {
+                self.name.clone()
+            } else {
+                format!("{} x{n}", self.name)
+            },
+            ops,
+        }
+    }
+
     /// The least any allocator must hold without making streams wait for each other:
     /// the largest sum of live requested bytes plus bytes freed but still in use on a
     /// stream they were recorded on (that stream had work queued after the `r` and has
@@ -274,6 +327,26 @@ impl Trace {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn repeated_frees_leftovers_and_renumbers() {
+        let t = parse("a 0 100 0\na 1 50 0\nf 0\n", "x").unwrap();
+        let r = t.repeated(3);
+        assert_eq!(r.ops.len(), 3 * 4);
+        // Each repetition ends with its leftover freed, so live bytes never accumulate.
+        assert_eq!(r.peak_requested(), t.peak_requested());
+        assert_eq!(r.ops[3], Op::Free { id: 1 });
+        assert_eq!(
+            r.ops[4],
+            Op::Alloc {
+                id: 2,
+                size: 100,
+                stream: 0
+            }
+        );
+        assert_eq!(r.ops[11], Op::Free { id: 5 });
+        assert_eq!(t.repeated(1).ops, t.ops);
+    }
 
     #[test]
     fn pending_floor_counts_frees_awaiting_their_streams() {

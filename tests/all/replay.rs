@@ -321,6 +321,20 @@ fn expandable_segments_match_or_beat_pytorchs_expandable_mode() {
             r.ratio(),
             plain.ratio()
         );
+        // A training loop: the ratio holds; bert and gpt2 map nothing after the first run.
+        let again = replay(&t.repeated(4), &opts("expandable_segments:True"), |_| {}).unwrap();
+        assert_eq!(again.invariants, Ok(()), "{name}");
+        assert!(
+            again.ratio() <= r.ratio() + 0.01,
+            "{name}: {:.3} repeated",
+            again.ratio()
+        );
+        if name.starts_with("bert") || name.starts_with("gpt2") {
+            assert_eq!(
+                again.page_maps, r.page_maps,
+                "{name}: maps after the first run"
+            );
+        }
         // 2 MiB large pages: within 3.5% of the peak on every trace.
         let fine = replay(
             &t,
