@@ -432,7 +432,9 @@ impl CachingAllocator {
         self.with_owner(ptr, None, |_, _, _| ()).is_some()
     }
 
-    /// Start and size of the segment holding `ptr` (which must be a live allocation).
+    /// Start and size of the segment holding `ptr` (which must be a live allocation);
+    /// with expandable segments, the run of mapped pages holding it, which may grow or
+    /// shrink later (PyTorch refuses `getBaseAllocation` there).
     pub fn base_allocation(&self, ptr: DevicePtr) -> Result<(DevicePtr, usize), Error> {
         self.with_owner(ptr, None, |_, st, id| st.segment_of(id))
             .ok_or(Error::UnknownPointer { ptr })

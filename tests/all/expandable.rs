@@ -285,3 +285,23 @@ fn backed_memory_spanning_pages_reads_back() {
     a.free(x).unwrap();
     assert_drained(&sim, &a);
 }
+
+#[test]
+fn a_fragmented_reservation_spills_into_another() {
+    // 100 MiB device: the large pool reserves 9/8 of it, six 20 MiB pages.
+    let (sim, a) = expandable(100 * MIB);
+    let p: Vec<usize> = (0..5).map(|_| a.malloc(20 * MIB, S0).unwrap()).collect();
+    a.free(p[1]).unwrap();
+    a.free(p[3]).unwrap();
+    a.empty_cache().unwrap();
+    assert_eq!(sim.counters(0).reservations, 1);
+    // No two adjacent free pages are left in the range: a second one is reserved.
+    let q = a.malloc(40 * MIB, S0).unwrap();
+    assert_eq!(sim.counters(0).reservations, 2);
+    assert!(q < p[0] || q > p[4], "placed inside the first reservation");
+    check(&a);
+    for x in [p[0], p[2], p[4], q] {
+        a.free(x).unwrap();
+    }
+    assert_drained(&sim, &a);
+}

@@ -18,6 +18,8 @@ use crate::stats;
 
 /// Largest reservation (bytes) per segment, whatever the device reports.
 const MAX_RESERVATION: usize = 1 << 46;
+/// Largest small-pool reservation (torch_npu's `kSmallPoolVirAddrSize`).
+const SMALL_RESERVATION: usize = 2 << 30;
 
 /// Pages mapped by one runtime call. One, as PyTorch and torch_npu do: a free page can
 /// then always go back. Mapping larger chunks (one call per grow) cut mapping calls by
@@ -50,22 +52,16 @@ impl State {
         }
     }
 
-    /// The expandable segment of (`stream`, current pool, `kind`), reserved on first use.
-    fn vm_segment(
+    /// Reserves a new expandable segment for (`stream`, current pool, `kind`): 9/8 of
+    /// device memory for the large pool (PyTorch's size), at most 2 GiB for the small
+    /// one (torch_npu's cap); another is reserved when one fills up.
+    fn vm_reserve_segment(
         &mut self,
         dev: &dyn Device,
         index: DeviceIndex,
         stream: StreamHandle,
         kind: PoolKind,
     ) -> Result<usize, Error> {
-        let pool = self.route();
-        if let Some((i, _)) = self
-            .vm
-            .iter()
-            .find(|(_, s)| s.stream == stream && s.pool == pool && s.kind == kind)
-        {
-            return Ok(i);
-        }
         let page = self.config.page_size(kind);
         let granularity = dev.vm_granularity(index)?;
         if page % granularity != 0 {
@@ -75,8 +71,13 @@ impl State {
             )));
         }
         let total = dev.mem_info(index)?.total;
-        let pages = (total / 8 * 9).min(MAX_RESERVATION).div_ceil(page).max(1);
+        let cap = match kind {
+            PoolKind::Small => SMALL_RESERVATION,
+            PoolKind::Large => MAX_RESERVATION,
+        };
+        let pages = (total / 8 * 9).min(cap).div_ceil(page).max(1);
         let base = dev.vm_reserve(index, pages * page)?;
+        let pool = self.route();
         Ok(self
             .vm
             .insert(VmSegment::new(base, page, pages, stream, pool, kind)))
@@ -119,7 +120,39 @@ impl State {
         kind: PoolKind,
         rounded: usize,
     ) -> Result<Option<BlockId>, Error> {
-        let seg = self.vm_segment(dev, index, stream, kind)?;
+        let pool = self.route();
+        let mine: Vec<usize> = self
+            .vm
+            .iter()
+            .filter(|(_, s)| s.stream == stream && s.pool == pool && s.kind == kind)
+            .map(|(i, _)| i)
+            .collect();
+        // Best: fewest pages, then the oldest segment, then the lowest address.
+        let mut best: Option<(usize, usize, DevicePtr)> = None;
+        for seg in mine {
+            if let Some((k, at)) = self.vm_fit(seg, rounded) {
+                if best.is_none_or(|b| k < b.0) {
+                    best = Some((k, seg, at));
+                }
+            }
+        }
+        let (k, seg, va) = match best {
+            Some(b) => b,
+            None => {
+                // None yet, or every reservation is full.
+                let seg = self.vm_reserve_segment(dev, index, stream, kind)?;
+                match self.vm_fit(seg, rounded) {
+                    Some((k, at)) => (k, seg, at),
+                    None => return Ok(None), // larger than a whole reservation
+                }
+            }
+        };
+        self.vm_map_range(dev, index, seg, va, k)
+    }
+
+    /// Where segment `seg` could map the fewest pages to hold a free block of `rounded`
+    /// bytes: (pages, address); next to a free run end when that saves pages.
+    fn vm_fit(&self, seg: usize, rounded: usize) -> Option<(usize, DevicePtr)> {
         let (base, end, page) = {
             let s = &self.vm[seg];
             (s.base, s.end(), s.page)
@@ -140,7 +173,7 @@ impl State {
             gaps.push((at, end, left, 0));
         }
         let pages_for = |have: usize| rounded.saturating_sub(have).div_ceil(page).max(1);
-        // Best: fewest pages, then lowest address.
+        // Fewest pages, then lowest address.
         let mut best: Option<(usize, DevicePtr)> = None;
         for (g0, g1, lf, rf) in gaps {
             let n = (g1 - g0) / page;
@@ -156,10 +189,7 @@ impl State {
                 }
             }
         }
-        let Some((k, va)) = best else {
-            return Ok(None); // the reservation is full
-        };
-        self.vm_map_range(dev, index, seg, va, k)
+        best
     }
 
     /// Maps `k` pages at `va` in segment `seg` and hands back the merged free block.
