@@ -62,14 +62,8 @@ impl State {
         stream: StreamHandle,
         kind: PoolKind,
     ) -> Result<usize, Error> {
+        // The page size was checked against the device's granularity at creation.
         let page = self.config.page_size(kind);
-        let granularity = dev.vm_granularity(index)?;
-        if page % granularity != 0 {
-            return Err(Error::InvalidConfig(format!(
-                "expandable page size {page} is not a multiple of the device's mapping \
-                 granularity {granularity}"
-            )));
-        }
         let total = dev.mem_info(index)?.total;
         let cap = match kind {
             PoolKind::Small => SMALL_RESERVATION,
