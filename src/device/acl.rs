@@ -66,6 +66,11 @@ struct PhysicalMemProp {
     reserve: u64,
 }
 
+// The layout acl_rt.h gives (gcc, x86_64 and aarch64 LP64): 32 bytes, `reserve` at 24.
+const _: () = assert!(std::mem::size_of::<PhysicalMemProp>() == 32);
+const _: () = assert!(std::mem::offset_of!(PhysicalMemProp, reserve) == 24);
+const _: () = assert!(std::mem::offset_of!(PhysicalMemProp, location) == 12);
+
 impl PhysicalMemProp {
     fn huge(device: DeviceIndex, size: usize) -> Self {
         PhysicalMemProp {

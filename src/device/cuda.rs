@@ -49,6 +49,13 @@ struct CuMemAllocationProp {
     alloc_flags: [u8; 8],
 }
 
+// cuda.h's layout on 64-bit Linux: 32 bytes, the metadata pointer at 16.
+#[cfg(target_pointer_width = "64")]
+const _: () = assert!(std::mem::size_of::<CuMemAllocationProp>() == 32);
+#[cfg(target_pointer_width = "64")]
+const _: () = assert!(std::mem::offset_of!(CuMemAllocationProp, win32_handle_meta_data) == 16);
+const _: () = assert!(std::mem::size_of::<CuMemAccessDesc>() == 12);
+
 impl CuMemAllocationProp {
     fn pinned(device: DeviceIndex) -> Self {
         CuMemAllocationProp {
