@@ -12,7 +12,18 @@ use crate::common::*;
 
 #[test]
 fn threads_on_several_streams_never_overlap_and_balance() {
-    let (sim, a) = with(4 << 30, SimMode::Threaded, false, "");
+    stress("");
+}
+
+#[test]
+fn threads_on_several_streams_with_expandable_segments() {
+    // Small pages and a small device: pages are mapped, unmapped before growth (also
+    // from other streams' shards) and mapped again while every thread runs.
+    stress("expandable_segments:True,large_segment_size_mb:4");
+}
+
+fn stress(conf: &str) {
+    let (sim, a) = with(4 << 30, SimMode::Threaded, false, conf);
     let a = Arc::new(a);
     let streams: Vec<StreamHandle> = std::iter::once(StreamHandle::DEFAULT)
         .chain((0..3).map(|_| sim.create_stream(0).unwrap()))
@@ -78,6 +89,10 @@ fn threads_on_several_streams_never_overlap_and_balance() {
     let s = a.stats();
     assert_eq!(s.allocation[0].current, 0);
     assert_eq!(s.allocation[0].allocated, s.allocation[0].freed);
+    if conf.contains("expandable") {
+        let c = sim.counters(0);
+        assert!(c.unmaps > 0, "the run never unmapped: {c:?}");
+    }
     sim.synchronize_device(0).unwrap();
     assert_drained(&sim, &a);
 }
