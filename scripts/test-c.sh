@@ -20,11 +20,14 @@ cc -std=c11 "${flags[@]}" -pthread tests/c/test_threads.c "${link[@]}" -o "$out/
 cc -std=c11 "${flags[@]}" tests/c/test_hooks.c "${link[@]}" -o "$out/hooks"
 cc -std=c11 "${flags[@]}" tests/c/test_mstx.c "${link[@]}" -o "$out/mstx"
 cc -std=c11 "${flags[@]}" tests/c/test_expandable.c "${link[@]}" -o "$out/expandable"
+cc -std=c11 "${flags[@]}" tests/c/test_no_vm.c "${link[@]}" -o "$out/no_vm"
 cc -shared -fPIC -O1 -fvisibility=hidden -Wall -Wextra -Werror tests/fake_mstx/fake_mstx.c -lpthread -o "$out/libms_tools_ext.so"
 # The static library links too.
 cc -std=c11 "${flags[@]}" tests/c/test_abi.c "$lib/libnpualloc.a" -lpthread -ldl -lm -o "$out/abi_static"
-# The fake ACL runtime.
+# The fake ACL runtime, and a variant without the virtual-memory functions.
 cc -shared -fPIC -O1 -fvisibility=hidden -Wall -Wextra -Werror tests/fake_acl/fake_acl.c -lpthread -o "$out/libascendcl.so"
+mkdir -p "$out/novm"
+cc -shared -fPIC -O1 -fvisibility=hidden -Wall -Wextra -Werror -DFAKE_NO_VMM tests/fake_acl/fake_acl.c -lpthread -o "$out/novm/libascendcl.so"
 
 run_suite() {
   "$out/abi" "$out/snapshot.json"
@@ -39,3 +42,5 @@ echo "-- sim backend --"
 (export NPUALLOC_BACKEND=sim NPUALLOC_SIM_MODE=manual NPUALLOC_SIM_CAPACITY=1G NPUALLOC_SIM_DEVICES=2; run_suite)
 echo "-- fake ACL backend --"
 (export NPUALLOC_BACKEND=acl NPUALLOC_ACL_LIB="$out/libascendcl.so" FAKE_ACL_CAPACITY=1073741824 FAKE_ACL_DEVICES=2; run_suite)
+echo "-- fake ACL backend without virtual memory --"
+(export NPUALLOC_BACKEND=acl NPUALLOC_ACL_LIB="$out/novm/libascendcl.so" FAKE_ACL_DEVICES=2; "$out/no_vm")

@@ -171,13 +171,19 @@ impl Runtime {
     /// The allocator of `device`, created on first use.
     pub fn allocator(&self, device: c_int) -> Result<&CachingAllocator, Failure> {
         let d = self.check_device(device)?;
-        Ok(self.allocators[d].get_or_init(|| {
-            let config = self.config.lock().clone();
-            let a = CachingAllocator::new(self.backend.clone(), d as i64, config)
-                .expect("device index was checked");
-            a.attach_oom_observer(crate::api::call_oom_observer);
-            a
-        }))
+        if let Some(a) = self.allocators[d].get() {
+            return Ok(a);
+        }
+        // Creation can fail (settings the backend cannot honour, such as expandable
+        // segments without virtual memory): report it, and try again on the next call.
+        let config = self.config.lock().clone();
+        let a = CachingAllocator::new(self.backend.clone(), d as i64, config)?;
+        a.attach_oom_observer(crate::api::call_oom_observer);
+        // Another thread may have won the race; its allocator (as yet unused) is kept.
+        let _ = self.allocators[d].set(a);
+        Ok(self.allocators[d]
+            .get()
+            .expect("set by this thread or another"))
     }
 
     /// The allocator of `device` if it exists (no creation).
