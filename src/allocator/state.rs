@@ -415,17 +415,9 @@ impl State {
                 return Ok(Some(id));
             }
         }
-        if self.config.expandable_segments {
-            return self.allocate_pages(
-                dev,
-                index,
-                size,
-                rounded,
-                stream,
-                kind,
-                others_released,
-                peers,
-            );
+        let expandable = self.config.expandable_segments;
+        if expandable && !others_released {
+            return self.allocate_pages(dev, index, size, rounded, stream, kind, peers);
         }
         if !others_released {
             if self.gc_enabled() {
@@ -460,15 +452,26 @@ impl State {
         let released = self.release_cached_blocks(dev, index);
         self.stats.num_alloc_retries += 1;
         if released.is_ok() {
-            if let Some(id) = self.alloc_block(dev, index, seg_size, stream, kind)? {
+            let grown = if expandable {
+                self.vm_grow(dev, index, stream, kind, rounded)?
+            } else {
+                self.alloc_block(dev, index, seg_size, stream, kind)?
+            };
+            if let Some(id) = grown {
                 return Ok(Some(id));
             }
         }
-        Err(self.out_of_memory(dev, index, size, seg_size))
+        let asked = if expandable {
+            rounded.next_multiple_of(self.config.page_size(kind))
+        } else {
+            seg_size
+        };
+        Err(self.out_of_memory(dev, index, size, asked))
     }
 
-    /// `allocate_segment` for expandable segments: map pages, after giving back idle
-    /// free pages if reserved memory would pass its high-water mark.
+    /// The first attempt of `allocate_segment` with expandable segments: map pages,
+    /// after giving back idle free pages if reserved memory would pass its high-water
+    /// mark; then this shard's free pages, then (`Ok(None)`) the other shards' caches.
     #[allow(clippy::too_many_arguments)]
     fn allocate_pages(
         &mut self,
@@ -478,37 +481,23 @@ impl State {
         rounded: usize,
         stream: StreamHandle,
         kind: PoolKind,
-        others_released: bool,
         peers: &dyn Peers,
     ) -> Result<Option<BlockId>, Error> {
         let grow = rounded.next_multiple_of(self.config.page_size(kind));
-        if !others_released {
-            if self.capturing.is_none() {
-                self.release_empty_before_growth(dev, index, grow, peers);
-            }
-            if let Some(id) = self.vm_grow(dev, index, stream, kind, rounded)? {
-                return Ok(Some(id));
-            }
-            if self.capturing.is_none() {
-                if self.vm_release_free(dev, index, usize::MAX, 0) > 0 {
-                    if let Some(id) = self.vm_grow(dev, index, stream, kind, rounded)? {
-                        return Ok(Some(id));
-                    }
-                }
-                return Ok(None);
-            }
+        if self.capturing.is_none() {
+            self.release_empty_before_growth(dev, index, grow, peers);
+        }
+        if let Some(id) = self.vm_grow(dev, index, stream, kind, rounded)? {
+            return Ok(Some(id));
+        }
+        if self.capturing.is_some() {
+            // A capture must not synchronise: no releasing, out of memory now.
             return Err(self.out_of_memory(dev, index, size, grow));
         }
-        let markers = self.markers.clone();
-        let _range = markers.range(|| format!("npualloc.oom_retry {size}B dev{index}"));
-        let released = self.release_cached_blocks(dev, index);
-        self.stats.num_alloc_retries += 1;
-        if released.is_ok() {
-            if let Some(id) = self.vm_grow(dev, index, stream, kind, rounded)? {
-                return Ok(Some(id));
-            }
+        if self.vm_release_free(dev, index, usize::MAX, 0) > 0 {
+            return self.vm_grow(dev, index, stream, kind, rounded);
         }
-        Err(self.out_of_memory(dev, index, size, grow))
+        Ok(None)
     }
 
     /// Counts an OOM and builds its error, with torch_npu's message.
