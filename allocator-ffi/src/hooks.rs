@@ -204,6 +204,9 @@ impl Device for HookedDevice {
             None => self.inner.synchronize_device(device),
         }
     }
+    fn stream_query(&self, device: DeviceIndex, stream: StreamHandle) -> Result<bool, DeviceError> {
+        self.inner.stream_query(device, stream)
+    }
     fn synchronize_stream(
         &self,
         device: DeviceIndex,

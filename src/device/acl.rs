@@ -40,6 +40,8 @@ const ACL_HBM_MEM: c_int = 1;
 const ACL_EVENT_CAPTURE_STREAM_PROGRESS: u32 = 0x2;
 const RECORDED_STATUS_COMPLETE: c_int = 1;
 const EVENT_STATUS_COMPLETE: c_int = 0;
+/// `ACL_STREAM_STATUS_COMPLETE` (`aclrtStreamStatus`).
+const STREAM_STATUS_COMPLETE: c_int = 0;
 const ACL_HBM_MEM_HUGE: c_int = 4;
 const ACL_HBM_MEM_HUGE1G: c_int = 10;
 const ACL_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
@@ -132,6 +134,7 @@ struct Fns {
     stream_wait_event: TwoPtrFn,
     synchronize_device: unsafe extern "C" fn() -> AclError,
     synchronize_stream: Option<PtrFn>,
+    stream_query: Option<QueryFn>,
     vm: Option<VmFns>,
 }
 
@@ -236,6 +239,7 @@ impl AclDevice {
                 stream_wait_event: loader::required(&lib, p, "aclrtStreamWaitEvent")?,
                 synchronize_device: loader::required(&lib, p, "aclrtSynchronizeDevice")?,
                 synchronize_stream: loader::optional(&lib, "aclrtSynchronizeStream"),
+                stream_query: loader::optional(&lib, "aclrtStreamQuery"),
                 vm: None,
             }
         };
@@ -586,6 +590,20 @@ impl Device for AclDevice {
             self.check("aclrtSynchronizeDevice", unsafe {
                 (self.f.synchronize_device)()
             })
+        })
+    }
+
+    fn stream_query(&self, device: DeviceIndex, stream: StreamHandle) -> Result<bool, DeviceError> {
+        let Some(query) = self.f.stream_query else {
+            return Ok(false);
+        };
+        self.on_device(device, || {
+            let mut status: c_int = -1;
+            // SAFETY: the caller's stream handle and a valid out-pointer.
+            self.check("aclrtStreamQuery", unsafe {
+                query(stream.0 as Ptr, &mut status)
+            })?;
+            Ok(status == STREAM_STATUS_COMPLETE)
         })
     }
 

@@ -108,6 +108,7 @@ struct Fns {
     get_last_error: unsafe extern "C" fn() -> CudaError,
     get_error_string: Option<unsafe extern "C" fn(CudaError) -> *const c_char>,
     stream_synchronize: Option<unsafe extern "C" fn(Ptr) -> CudaError>,
+    stream_query: Option<unsafe extern "C" fn(Ptr) -> CudaError>,
 }
 
 /// The CUDA backend.
@@ -178,6 +179,7 @@ impl CudaDevice {
                 get_last_error: loader::required(&lib, p, "cudaGetLastError")?,
                 get_error_string: loader::optional(&lib, "cudaGetErrorString"),
                 stream_synchronize: loader::optional(&lib, "cudaStreamSynchronize"),
+                stream_query: loader::optional(&lib, "cudaStreamQuery"),
             }
         };
         let driver = load_driver();
@@ -401,6 +403,19 @@ impl Device for CudaDevice {
             self.check("cudaDeviceSynchronize", unsafe {
                 (self.f.device_synchronize)()
             })
+        })
+    }
+    fn stream_query(&self, device: DeviceIndex, stream: StreamHandle) -> Result<bool, DeviceError> {
+        let Some(query) = self.f.stream_query else {
+            return Ok(false);
+        };
+        self.on_device(device, || {
+            // SAFETY: the caller's stream (NULL: the legacy default stream).
+            match unsafe { query(stream.0 as Ptr) } {
+                CUDA_SUCCESS => Ok(true),
+                CUDA_ERROR_NOT_READY => Ok(false),
+                rc => self.check("cudaStreamQuery", rc).map(|_| false),
+            }
         })
     }
     fn synchronize_stream(

@@ -185,6 +185,12 @@ pub trait Device: Send + Sync {
         let _ = device;
         Ok(())
     }
+    /// Whether all work queued on `stream` has run, without blocking; `false` when the
+    /// runtime cannot tell.
+    fn stream_query(&self, device: DeviceIndex, stream: StreamHandle) -> Result<bool, DeviceError> {
+        let _ = (device, stream);
+        Ok(false)
+    }
     /// Blocks the host until all work queued on `stream` has run.
     fn synchronize_stream(
         &self,

@@ -305,3 +305,19 @@ fn a_fragmented_reservation_spills_into_another() {
     }
     assert_drained(&sim, &a);
 }
+
+#[test]
+fn idle_streams_are_not_synchronised_before_unmapping() {
+    let (sim, a) = expandable(1 << 30);
+    let x = a.malloc(40 * MIB, S0).unwrap();
+    a.free(x).unwrap();
+    // Growing past the high-water mark unmaps the idle pages first.
+    let y = a.malloc(70 * MIB, S0).unwrap();
+    let c = sim.counters(0);
+    assert!(c.unmaps > 0, "nothing was unmapped before growth: {c:?}");
+    assert_eq!(c.synchronizations, 0, "an idle stream was synchronised");
+    assert_eq!(c.violations, 0);
+    check(&a);
+    a.free(y).unwrap();
+    assert_drained(&sim, &a);
+}

@@ -380,6 +380,15 @@ EXPORT aclError aclrtSynchronizeDevice(void) {
   LEAVE(ACL_SUCCESS);
 }
 
+EXPORT aclError aclrtStreamQuery(aclrtStream s, int *status) {
+  aclError rc = enter(1);
+  if (rc) LEAVE(rc);
+  fake_stream *st = stream_of(s);
+  if (!st) LEAVE(violation("aclrtStreamQuery: unknown stream"));
+  *status = st->completed >= st->enqueued ? 0 /* COMPLETE */ : 1 /* NOT_READY */;
+  LEAVE(ACL_SUCCESS);
+}
+
 EXPORT aclError aclrtSynchronizeStream(aclrtStream s) {
   aclError rc = enter(1);
   if (rc) LEAVE(rc);

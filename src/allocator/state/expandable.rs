@@ -29,8 +29,9 @@ const PAGES_PER_MAP: usize = 1;
 
 /// Idle pages unmapped before growth: what is needed, and at least this fraction of the
 /// shard's reserved bytes. Measured with `npualloc replay` on t5_train repeated four
-/// times: unmapping only what is needed took 64 stream synchronisations, all idle pages
-/// 24 but 1,295 mapping calls instead of 730; 1/32 took 28 and 730, same peak.
+/// times, every batch synchronising (a busy device): unmapping only what is needed took
+/// 64 stream synchronisations, all idle pages 24 but 1,295 mapping calls instead of 730;
+/// 1/32 took 28 and 730, same peak.
 const UNMAP_SLACK_DIVISOR: usize = 32;
 
 /// A run of mapped pages: its chain's first and last block.
@@ -427,7 +428,8 @@ impl State {
             return 0;
         }
         candidates.sort_by_key(|c| std::cmp::Reverse(c.0));
-        // Unmapping does not wait for queued work: drain and synchronise first.
+        // Unmapping does not wait for queued work: drain, and synchronise streams that
+        // still have work queued.
         let mut streams: Vec<StreamHandle> = candidates
             .iter()
             .map(|&(_, id)| self.blocks[id].stream)
@@ -435,9 +437,11 @@ impl State {
         streams.sort_unstable();
         streams.dedup();
         if dev.drain_before_free(index).is_err()
-            || streams
-                .iter()
-                .any(|&s| dev.synchronize_stream(index, s).is_err())
+            || streams.iter().any(|&s| {
+                // An idle stream needs no wait (the host queue was drained above).
+                !dev.stream_query(index, s).unwrap_or(false)
+                    && dev.synchronize_stream(index, s).is_err()
+            })
         {
             return 0;
         }

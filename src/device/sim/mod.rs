@@ -547,6 +547,10 @@ impl Device for SimDevice {
         }
     }
 
+    fn stream_query(&self, device: DeviceIndex, stream: StreamHandle) -> Result<bool, DeviceError> {
+        Ok(self.stream(device, stream)?.is_idle())
+    }
+
     fn synchronize_stream(
         &self,
         device: DeviceIndex,
