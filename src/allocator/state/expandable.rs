@@ -1,13 +1,17 @@
 //! Expandable segments inside one shard: growing by mapping pages, shrinking by
 //! unmapping whole free pages (`expandable_segments:True`).
 //!
-//! Each (stream, pool, size class) gets one address-range reservation
-//! ([`VmSegment`]), sized like PyTorch's (9/8 of device memory). A request that no free
-//! block fits maps the fewest pages that make one fit, next to a free block at a run's
-//! end when there is one, so the new pages merge with it. Free pages go back (unmapped,
-//! after the segment's stream is synchronised: unmapping does not wait for queued work)
-//! before reserved memory grows past its high-water mark, on `empty_cache`, and before
-//! an out-of-memory error.
+//! Each (stream, pool, size class) gets an address-range reservation ([`VmSegment`]):
+//! 9/8 of device memory for the large pool as PyTorch, at most 2 GiB for the small one
+//! as torch_npu, and another when one is full. A request that no free block fits maps
+//! the fewest pages that make one fit, next to a free block at a run's end when there is
+//! one, so the new pages merge with it. Whole free pages go back (unmapped after the
+//! host queue is drained and, if it has work queued, the segment's stream synchronised:
+//! unmapping does not wait for queued work) before reserved memory grows past its
+//! high-water mark, on `empty_cache`, and before an out-of-memory error.
+//!
+//! Blocks of a segment tile its mapped pages; each maximal run of mapped pages is one
+//! chain of blocks, counted as one segment in statistics and snapshots.
 
 use super::{apply_net, State};
 use crate::device::{Device, DeviceIndex, DevicePtr, StreamHandle};
