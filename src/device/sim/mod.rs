@@ -8,6 +8,10 @@
 //! Memory is *backed* (kernels read and write real host buffers) or *unbacked*
 //! (addresses only, so a 60 GiB trace costs megabytes). Capacity, device count and
 //! fault injection are configurable, and counters report what the allocator did.
+//! Virtual memory (for expandable segments): address ranges are reserved in a window of
+//! their own, pages of `SimConfig::vm_granularity` bytes are mapped against the
+//! capacity, and misuse (mapping outside a reservation or twice, unmapping what is not
+//! mapped, releasing a range with pages mapped) counts as a violation.
 
 mod memory;
 mod stream;
