@@ -345,16 +345,28 @@ pub fn render(r: &ReplayReport) -> String {
     );
     let _ = writeln!(
         out,
-        r##"<text x="{LEFT}" y="44" class="small">peak reserved / peak requested = {:.3} with {}; {} device mallocs, {} events (simulated device)</text>"##,
+        r##"<text x="{LEFT}" y="44" class="small">peak reserved / peak requested = {:.3} with {}; {}, {} events (simulated device)</text>"##,
         r.ratio(),
         esc(&conf),
-        r.device_mallocs,
+        device_calls(r),
         r.events
     );
     chart(&mut out, r);
     segment_map(&mut out, r);
     out.push_str("</svg>\n");
     out
+}
+
+/// What the run asked of the device: segment mallocs, and page mappings if any.
+fn device_calls(r: &ReplayReport) -> String {
+    if r.page_maps == 0 {
+        format!("{} device mallocs", r.device_mallocs)
+    } else {
+        format!(
+            "{} page maps, {} unmaps, {} host syncs",
+            r.page_maps, r.page_unmaps, r.host_syncs
+        )
+    }
 }
 
 #[cfg(test)]
