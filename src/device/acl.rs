@@ -18,7 +18,7 @@
 //! with `aclrtUnmapMem` + `aclrtFreePhysical`. The whole set is optional: without it
 //! `expandable_segments:True` is refused with the missing names.
 
-use std::ffi::{c_char, c_int, c_void, CStr, OsString};
+use std::ffi::{c_char, c_int, c_void, CStr};
 
 use libloading::Library;
 
@@ -174,28 +174,9 @@ impl std::fmt::Debug for AclDevice {
 }
 
 fn candidates() -> (Vec<Candidate>, bool) {
-    if let Some(p) = std::env::var_os("NPUALLOC_ACL_LIB").filter(|p| !p.is_empty()) {
-        return (
-            vec![Candidate {
-                path: p,
-                source: "NPUALLOC_ACL_LIB".into(),
-            }],
-            true,
-        );
-    }
-    let mut c = vec![Candidate {
-        path: OsString::from("libascendcl.so"),
-        source: "the loader's search path".into(),
-    }];
-    if let Some(home) = std::env::var_os("ASCEND_HOME_PATH") {
-        let mut p = std::path::PathBuf::from(home);
-        p.push("lib64/libascendcl.so");
-        c.push(Candidate {
-            path: p.into(),
-            source: "ASCEND_HOME_PATH".into(),
-        });
-    }
-    (c, false)
+    let mut search = loader::on_search_path(&["libascendcl.so"]);
+    search.extend(loader::under_ascend_home("lib64/libascendcl.so"));
+    loader::from_env_or("NPUALLOC_ACL_LIB", search)
 }
 
 impl AclDevice {

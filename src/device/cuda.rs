@@ -11,11 +11,11 @@
 //! The driver library (`NPUALLOC_CUDA_DRIVER_LIB`, else `libcuda.so.1`, `libcuda.so`) is
 //! optional: without it `expandable_segments:True` is refused, naming what is missing.
 
-use std::ffi::{c_char, c_int, c_uint, c_void, CStr, OsString};
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 
 use libloading::Library;
 
-use super::loader::{self, Candidate};
+use super::loader;
 use super::{
     Device, DeviceError, DeviceIndex, DevicePtr, EventHandle, MemInfo, PhysHandle, StreamHandle,
 };
@@ -132,31 +132,15 @@ impl std::fmt::Debug for CudaDevice {
 impl CudaDevice {
     /// Loads the CUDA runtime (see the module docs for the search order).
     pub fn load() -> Result<CudaDevice, DeviceError> {
-        let (candidates, explicit) =
-            match std::env::var_os("NPUALLOC_CUDA_LIB").filter(|p| !p.is_empty()) {
-                Some(p) => (
-                    vec![Candidate {
-                        path: p,
-                        source: "NPUALLOC_CUDA_LIB".into(),
-                    }],
-                    true,
-                ),
-                None => (
-                    [
-                        "libcudart.so",
-                        "libcudart.so.13",
-                        "libcudart.so.12",
-                        "libcudart.so.11.0",
-                    ]
-                    .iter()
-                    .map(|n| Candidate {
-                        path: OsString::from(n),
-                        source: "the loader's search path".into(),
-                    })
-                    .collect(),
-                    false,
-                ),
-            };
+        let (candidates, explicit) = loader::from_env_or(
+            "NPUALLOC_CUDA_LIB",
+            loader::on_search_path(&[
+                "libcudart.so",
+                "libcudart.so.13",
+                "libcudart.so.12",
+                "libcudart.so.11.0",
+            ]),
+        );
         let (lib, path) = loader::open(&candidates, explicit)?;
         // SAFETY: each type is the CUDA runtime function's C signature (cuda_runtime_api.h;
         // cudaError_t is an int-sized enum, handles are pointers).
@@ -528,26 +512,10 @@ impl Device for CudaDevice {
 
 /// Loads the driver library's virtual-memory functions.
 fn load_driver() -> Result<DriverFns, String> {
-    let (candidates, explicit) =
-        match std::env::var_os("NPUALLOC_CUDA_DRIVER_LIB").filter(|p| !p.is_empty()) {
-            Some(p) => (
-                vec![Candidate {
-                    path: p,
-                    source: "NPUALLOC_CUDA_DRIVER_LIB".into(),
-                }],
-                true,
-            ),
-            None => (
-                ["libcuda.so.1", "libcuda.so"]
-                    .iter()
-                    .map(|n| Candidate {
-                        path: OsString::from(n),
-                        source: "the loader's search path".into(),
-                    })
-                    .collect(),
-                false,
-            ),
-        };
+    let (candidates, explicit) = loader::from_env_or(
+        "NPUALLOC_CUDA_DRIVER_LIB",
+        loader::on_search_path(&["libcuda.so.1", "libcuda.so"]),
+    );
     let (lib, path) = loader::open(&candidates, explicit).map_err(|e| e.to_string())?;
     // SAFETY: the types in `DriverFns` are the driver functions' C signatures.
     unsafe { resolve_driver(lib, &path) }.map_err(|e| e.to_string())

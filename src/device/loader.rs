@@ -14,6 +14,40 @@ pub(crate) struct Candidate {
     pub source: String,
 }
 
+/// A library's search order: the path in environment variable `var` alone when it is
+/// set and not empty (explicit: nothing else is tried), else `search` in turn.
+pub(crate) fn from_env_or(var: &str, search: Vec<Candidate>) -> (Vec<Candidate>, bool) {
+    match std::env::var_os(var).filter(|p| !p.is_empty()) {
+        Some(path) => (
+            vec![Candidate {
+                path,
+                source: var.to_owned(),
+            }],
+            true,
+        ),
+        None => (search, false),
+    }
+}
+
+/// Bare library names, for the dynamic loader's search path.
+pub(crate) fn on_search_path(names: &[&str]) -> Vec<Candidate> {
+    names
+        .iter()
+        .map(|n| Candidate {
+            path: OsString::from(n),
+            source: "the loader's search path".into(),
+        })
+        .collect()
+}
+
+/// `$ASCEND_HOME_PATH/<relative>`, when that variable is set (CANN's environment).
+pub(crate) fn under_ascend_home(relative: &str) -> Option<Candidate> {
+    std::env::var_os("ASCEND_HOME_PATH").map(|home| Candidate {
+        path: std::path::PathBuf::from(home).join(relative).into(),
+        source: "ASCEND_HOME_PATH".into(),
+    })
+}
+
 /// Opens the first candidate that loads; the error lists every attempt.
 ///
 /// An explicitly configured path (the first candidate, when `explicit`) is the only one

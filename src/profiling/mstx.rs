@@ -10,7 +10,7 @@
 //! Library: `NPUALLOC_MSTX_LIB`, else `$ASCEND_HOME_PATH/lib64/libms_tools_ext.so`,
 //! else `libms_tools_ext.so` from the loader path.
 
-use std::ffi::{c_char, c_void, CString, OsString};
+use std::ffi::{c_char, c_void, CString};
 use std::num::NonZeroU64;
 use std::sync::{Arc, OnceLock};
 
@@ -96,30 +96,12 @@ impl Mstx {
 
     /// Loads the library if present; absent or unusable → disabled (logged at debug level).
     pub fn load() -> Mstx {
-        let mut c = Vec::new();
-        let explicit = std::env::var_os("NPUALLOC_MSTX_LIB").filter(|p| !p.is_empty());
-        if let Some(p) = explicit.clone() {
-            c.push(Candidate {
-                path: p,
-                source: "NPUALLOC_MSTX_LIB".into(),
-            });
-        } else {
-            if let Some(home) = std::env::var_os("ASCEND_HOME_PATH") {
-                let mut p = std::path::PathBuf::from(home);
-                p.push("lib64/libms_tools_ext.so");
-                c.push(Candidate {
-                    path: p.into(),
-                    source: "ASCEND_HOME_PATH".into(),
-                });
-            }
-            c.push(Candidate {
-                path: OsString::from("libms_tools_ext.so"),
-                source: "the loader's search path".into(),
-            });
-        }
-        match loader::open(&c, explicit.is_some())
-            .and_then(|(lib, path)| Self::from_library(lib, path))
-        {
+        let mut search: Vec<Candidate> = loader::under_ascend_home("lib64/libms_tools_ext.so")
+            .into_iter()
+            .collect();
+        search.extend(loader::on_search_path(&["libms_tools_ext.so"]));
+        let (c, explicit) = loader::from_env_or("NPUALLOC_MSTX_LIB", search);
+        match loader::open(&c, explicit).and_then(|(lib, path)| Self::from_library(lib, path)) {
             Ok(m) => m,
             Err(e) => {
                 log::debug!("npualloc: mstx markers off: {e}");
