@@ -93,6 +93,7 @@ impl PhysicalMemProp {
 }
 
 /// The virtual-memory functions.
+#[derive(Clone, Copy)]
 struct VmFns {
     reserve: unsafe extern "C" fn(*mut Ptr, usize, usize, Ptr, u64) -> AclError,
     release: PtrFn,
@@ -156,7 +157,7 @@ pub struct AclDevice {
     f: Fns,
     features: AclFeatures,
     notes: Vec<String>,
-    missing_vmm: Vec<String>,
+    missing_vmm: Vec<&'static str>,
     path: String,
     count: usize,
     // Keeps the library loaded while `f` holds pointers into it; never unloaded.
@@ -171,6 +172,65 @@ impl std::fmt::Debug for AclDevice {
             .field("features", &self.features)
             .finish()
     }
+}
+
+/// Resolves the virtual-memory set, each symbol once; the error names every function
+/// missing (the set is used whole or not at all).
+///
+/// # Safety
+/// `lib` must be the ACL runtime: the types in `VmFns` are its C signatures.
+unsafe fn resolve_vm(lib: &Library) -> Result<VmFns, Vec<&'static str>> {
+    let mut missing = Vec::new();
+    // SAFETY: each type is inferred from its `VmFns` field (the caller's guarantee).
+    let (reserve, release, malloc_physical, free_physical, map, unmap) = unsafe {
+        (
+            probe(lib, "aclrtReserveMemAddress", &mut missing),
+            probe(lib, "aclrtReleaseMemAddress", &mut missing),
+            probe(lib, "aclrtMallocPhysical", &mut missing),
+            probe(lib, "aclrtFreePhysical", &mut missing),
+            probe(lib, "aclrtMapMem", &mut missing),
+            probe(lib, "aclrtUnmapMem", &mut missing),
+        )
+    };
+    match (reserve, release, malloc_physical, free_physical, map, unmap) {
+        (
+            Some(reserve),
+            Some(release),
+            Some(malloc_physical),
+            Some(free_physical),
+            Some(map),
+            Some(unmap),
+        ) => {
+            Ok(VmFns {
+                reserve,
+                release,
+                malloc_physical,
+                free_physical,
+                map,
+                unmap,
+                // SAFETY: as above.
+                granularity: unsafe { loader::optional(lib, "aclrtMemGetAllocationGranularity") },
+            })
+        }
+        _ => Err(missing),
+    }
+}
+
+/// Resolves `name`, noting it in `missing` when the library lacks it.
+///
+/// # Safety
+/// `T` must be the symbol's function-pointer type.
+unsafe fn probe<T: Copy>(
+    lib: &Library,
+    name: &'static str,
+    missing: &mut Vec<&'static str>,
+) -> Option<T> {
+    // SAFETY: forwarded to the caller.
+    let f = unsafe { loader::optional(lib, name) };
+    if f.is_none() {
+        missing.push(name);
+    }
+    f
 }
 
 fn candidates() -> (Vec<Candidate>, bool) {
@@ -195,6 +255,11 @@ impl AclDevice {
     }
 
     fn from_library(lib: Library, path: String) -> Result<AclDevice, DeviceError> {
+        // SAFETY: the types in `VmFns` are the C signatures in acl_rt.h.
+        let (vm, missing_vmm) = match unsafe { resolve_vm(&lib) } {
+            Ok(vm) => (Some(vm), Vec::new()),
+            Err(missing) => (None, missing),
+        };
         // SAFETY: each type below is the ACL function's C signature from acl_rt.h /
         // acl_base_rt.h (aclError = int; handles are void*; enums are int-sized).
         let f = unsafe {
@@ -221,48 +286,19 @@ impl AclDevice {
                 synchronize_device: loader::required(&lib, p, "aclrtSynchronizeDevice")?,
                 synchronize_stream: loader::optional(&lib, "aclrtSynchronizeStream"),
                 stream_query: loader::optional(&lib, "aclrtStreamQuery"),
-                vm: None,
+                vm,
             }
         };
-        let mut f = f;
         if f.query_event_status.is_none() && f.query_event.is_none() {
             return Err(DeviceError::Unavailable(format!(
                 "required symbol aclrtQueryEventStatus (or the older aclrtQueryEvent) is missing from '{path}'"
             )));
         }
-        let vmm = [
-            "aclrtReserveMemAddress",
-            "aclrtReleaseMemAddress",
-            "aclrtMallocPhysical",
-            "aclrtFreePhysical",
-            "aclrtMapMem",
-            "aclrtUnmapMem",
-        ];
-        // SAFETY: only probing for presence; the pointer type is irrelevant and unused.
-        let missing_vmm: Vec<&str> = vmm
-            .iter()
-            .copied()
-            .filter(|n| unsafe { loader::optional::<PtrFn>(&lib, n) }.is_none())
-            .collect();
-        if missing_vmm.is_empty() {
-            // SAFETY: the types are the C signatures in acl_rt.h (handles are void*).
-            f.vm = unsafe {
-                Some(VmFns {
-                    reserve: loader::required(&lib, &path, "aclrtReserveMemAddress")?,
-                    release: loader::required(&lib, &path, "aclrtReleaseMemAddress")?,
-                    malloc_physical: loader::required(&lib, &path, "aclrtMallocPhysical")?,
-                    free_physical: loader::required(&lib, &path, "aclrtFreePhysical")?,
-                    map: loader::required(&lib, &path, "aclrtMapMem")?,
-                    unmap: loader::required(&lib, &path, "aclrtUnmapMem")?,
-                    granularity: loader::optional(&lib, "aclrtMemGetAllocationGranularity"),
-                })
-            };
-        }
         let features = AclFeatures {
             malloc_align32: f.malloc_align32.is_some(),
             query_event_status: f.query_event_status.is_some(),
             event_ex: f.create_event_ex_with_flag.is_some(),
-            virtual_memory: missing_vmm.is_empty(),
+            virtual_memory: f.vm.is_some(),
         };
         let mut notes = Vec::new();
         if !features.malloc_align32 {
@@ -293,7 +329,7 @@ impl AclDevice {
             log::debug!("npualloc acl backend ({path}): {n}");
         }
         let mut dev = AclDevice {
-            missing_vmm: missing_vmm.iter().map(|s| s.to_string()).collect(),
+            missing_vmm,
             f,
             features,
             notes,
