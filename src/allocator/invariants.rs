@@ -280,7 +280,7 @@ fn check_vm(st: &State) -> Result<(), String> {
             (b.ptr - seg.base) / seg.page,
             (b.ptr + b.size - 1 - seg.base) / seg.page,
         );
-        if (first..=last).any(|i| seg.pages[i] == crate::pool::vm::Page::Unmapped) {
+        if (first..=last).any(|i| seg.pages[i].is_none()) {
             return Err(format!("block {id} covers an unmapped page"));
         }
         // A run starts after an unmapped page and ends before one.
@@ -303,17 +303,7 @@ fn check_vm(st: &State) -> Result<(), String> {
         *covered.entry(b.vm as usize - 1).or_default() += b.size;
     }
     for (i, seg) in st.vm.iter() {
-        let mapped = seg
-            .pages
-            .iter()
-            .filter(|p| **p != crate::pool::vm::Page::Unmapped)
-            .count();
-        if mapped != seg.mapped {
-            return Err(format!(
-                "expandable segment {i}: {mapped} pages mapped, counted {}",
-                seg.mapped
-            ));
-        }
+        let mapped = seg.mapped();
         let bytes = covered.get(&i).copied().unwrap_or(0);
         if bytes != mapped * seg.page {
             return Err(format!(

@@ -1,15 +1,9 @@
 //! Expandable segments: one reserved address range per stream, pool and size class,
 //! with physical pages mapped into it as it grows.
 //!
-//! Pages are the unit of placement; physical memory comes in *chunks* of whole pages,
-//! one runtime mapping each (a grow maps all the pages it needs with one call), and
-//! goes back chunk by chunk.
-//!
 //! Invariants (checked by `CachingAllocator::check_invariants`):
-//! - `base` is the reservation's start; page `i` covers `[base + i*page, base + (i+1)*page)`;
-//! - a chunk of `len` pages starting at page `i` is `pages[i] = Head`, then `len - 1`
-//!   entries `Part { head: i }`;
-//! - `mapped` counts the pages that are not `Unmapped`;
+//! - `base` is the reservation's start; page `i` covers `[base + i*page, base + (i+1)*page)`
+//!   and holds the handle of the physical memory mapped there, one mapping per page;
 //! - the blocks of the segment (those with `Block::vm` naming it) tile exactly the
 //!   mapped pages: each maximal run of mapped pages is one chain of blocks (a
 //!   "segment" in the statistics and snapshots), and no block covers an unmapped page.
@@ -17,25 +11,6 @@
 use crate::device::{DevicePtr, PhysHandle, StreamHandle};
 
 use super::{PoolKind, PoolTag};
-
-/// What is mapped at one page.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Page {
-    /// Nothing.
-    Unmapped,
-    /// The first page of a chunk of `len` pages mapped with `handle`.
-    Head {
-        /// The runtime's handle of the chunk's physical memory.
-        handle: PhysHandle,
-        /// Pages in the chunk.
-        len: usize,
-    },
-    /// A later page of the chunk whose first page is `head`.
-    Part {
-        /// Index of the chunk's first page.
-        head: usize,
-    },
-}
 
 /// One expandable segment.
 #[derive(Debug)]
@@ -50,10 +25,8 @@ pub struct VmSegment {
     pub pool: PoolTag,
     /// Size class.
     pub kind: PoolKind,
-    /// What is mapped at each page.
-    pub pages: Vec<Page>,
-    /// Number of mapped pages.
-    pub mapped: usize,
+    /// Physical memory mapped at each page, if any.
+    pub pages: Vec<Option<PhysHandle>>,
 }
 
 impl VmSegment {
@@ -72,8 +45,7 @@ impl VmSegment {
             stream,
             pool,
             kind,
-            pages: vec![Page::Unmapped; pages],
-            mapped: 0,
+            pages: vec![None; pages],
         }
     }
 
@@ -87,53 +59,16 @@ impl VmSegment {
         self.base + i * self.page
     }
 
+    /// Number of mapped pages.
+    pub fn mapped(&self) -> usize {
+        self.pages.iter().filter(|p| p.is_some()).count()
+    }
+
     /// Whether the page starting at `addr` is mapped (false outside the range).
     pub fn is_mapped_at(&self, addr: DevicePtr) -> bool {
         addr >= self.base
             && addr < self.end()
-            && self.pages[(addr - self.base) / self.page] != Page::Unmapped
-    }
-
-    /// Records a chunk of `len` pages from page `first`.
-    pub fn set_chunk(&mut self, first: usize, len: usize, handle: PhysHandle) {
-        self.pages[first] = Page::Head { handle, len };
-        for p in &mut self.pages[first + 1..first + len] {
-            *p = Page::Part { head: first };
-        }
-        self.mapped += len;
-    }
-
-    /// Forgets the chunk starting at page `first`.
-    pub fn clear_chunk(&mut self, first: usize, len: usize) {
-        for p in &mut self.pages[first..first + len] {
-            *p = Page::Unmapped;
-        }
-        self.mapped -= len;
-    }
-
-    /// The chunks lying wholly inside `[ptr, ptr + size)`, which are contiguous:
-    /// (first page, handle, pages) each.
-    pub fn chunks_inside(&self, ptr: DevicePtr, size: usize) -> Vec<(usize, PhysHandle, usize)> {
-        let (first, count) = self.whole_pages(ptr, size);
-        let end = first + count;
-        let mut i = first;
-        // Skip a chunk that starts before the range.
-        if let Some(Page::Part { head }) = self.pages.get(i) {
-            if let Page::Head { len, .. } = self.pages[*head] {
-                i = head + len;
-            }
-        }
-        let mut out = Vec::new();
-        while i < end {
-            match self.pages[i] {
-                Page::Head { handle, len } if i + len <= end => {
-                    out.push((i, handle, len));
-                    i += len;
-                }
-                _ => break,
-            }
-        }
-        out
+            && self.pages[(addr - self.base) / self.page].is_some()
     }
 
     /// The whole pages inside `[ptr, ptr + size)`: (first page, page count).
@@ -168,21 +103,13 @@ mod tests {
     }
 
     #[test]
-    fn chunks_inside_takes_only_whole_chunks() {
+    fn mapped_pages_are_counted_from_the_table() {
         let p = 1usize << 21;
         let mut s = VmSegment::new(1 << 30, p, 8, StreamHandle::DEFAULT, 0, PoolKind::Large);
-        s.set_chunk(0, 2, PhysHandle(1));
-        s.set_chunk(2, 3, PhysHandle(2));
-        s.set_chunk(5, 1, PhysHandle(3));
-        assert_eq!(s.mapped, 6);
-        assert!(s.is_mapped_at(s.addr(4)) && !s.is_mapped_at(s.addr(6)));
-        // From inside the first chunk to the end of the third: only chunks 2 and 3.
-        let got = s.chunks_inside(s.addr(1), 5 * p);
-        assert_eq!(got, vec![(2, PhysHandle(2), 3), (5, PhysHandle(3), 1)]);
-        // A range ending inside a chunk stops before it.
-        assert_eq!(s.chunks_inside(s.base, 4 * p), vec![(0, PhysHandle(1), 2)]);
-        s.clear_chunk(2, 3);
-        assert_eq!(s.mapped, 3);
-        assert!(!s.is_mapped_at(s.addr(3)));
+        s.pages[2] = Some(PhysHandle(1));
+        s.pages[5] = Some(PhysHandle(2));
+        assert_eq!(s.mapped(), 2);
+        assert!(s.is_mapped_at(s.addr(5)) && !s.is_mapped_at(s.addr(4)));
+        assert!(!s.is_mapped_at(s.addr(7) + p), "past the end");
     }
 }

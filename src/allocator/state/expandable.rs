@@ -16,7 +16,6 @@
 use super::{apply_net, State};
 use crate::device::{Device, DeviceIndex, DevicePtr, StreamHandle};
 use crate::error::Error;
-use crate::pool::vm::Page;
 use crate::pool::{Block, BlockId, PoolKind, VmSegment};
 use crate::stats;
 
@@ -24,12 +23,6 @@ use crate::stats;
 const MAX_RESERVATION: usize = 1 << 46;
 /// Largest small-pool reservation (torch_npu's `kSmallPoolVirAddrSize`).
 const SMALL_RESERVATION: usize = 2 << 30;
-
-/// Pages mapped by one runtime call. One, as PyTorch and torch_npu do: a free page can
-/// then always go back. Mapping larger chunks (one call per grow) cut mapping calls by
-/// at most 2.5x on the shipped traces but stranded partly free chunks (gpt2_infer 1.013
-/// to 1.033 with 2 MiB pages), measured with `npualloc replay`.
-const PAGES_PER_MAP: usize = 1;
 
 /// Idle pages unmapped before growth: what is needed, and at least this fraction of the
 /// shard's reserved bytes. Measured with `npualloc replay` on t5_train repeated four
@@ -44,6 +37,16 @@ struct Run {
     end: DevicePtr,
     head: BlockId,
     tail: BlockId,
+}
+
+/// Where to map: `pages` pages at `at`, next to run tail `left` and run head `right`
+/// when they touch the new pages.
+#[derive(Clone, Copy)]
+struct Fit {
+    pages: usize,
+    at: DevicePtr,
+    left: Option<BlockId>,
+    right: Option<BlockId>,
 }
 
 impl State {
@@ -127,106 +130,110 @@ impl State {
             .map(|(i, _)| i)
             .collect();
         // Best: fewest pages, then the oldest segment, then the lowest address.
-        let mut best: Option<(usize, usize, DevicePtr)> = None;
+        let mut best: Option<(usize, Fit)> = None;
         for seg in mine {
-            if let Some((k, at)) = self.vm_fit(seg, rounded) {
-                if best.is_none_or(|b| k < b.0) {
-                    best = Some((k, seg, at));
+            if let Some(fit) = self.vm_fit(seg, rounded) {
+                if best.is_none_or(|b| fit.pages < b.1.pages) {
+                    best = Some((seg, fit));
                 }
             }
         }
-        let (k, seg, va) = match best {
+        let (seg, fit) = match best {
             Some(b) => b,
             None => {
                 // None yet, or every reservation is full.
                 let seg = self.vm_reserve_segment(dev, index, stream, kind)?;
                 match self.vm_fit(seg, rounded) {
-                    Some((k, at)) => (k, seg, at),
+                    Some(fit) => (seg, fit),
                     None => return Ok(None), // larger than a whole reservation
                 }
             }
         };
-        self.vm_map_range(dev, index, seg, va, k)
+        self.vm_map_range(dev, index, seg, fit)
     }
 
     /// Where segment `seg` could map the fewest pages to hold a free block of `rounded`
-    /// bytes: (pages, address); next to a free run end when that saves pages.
-    fn vm_fit(&self, seg: usize, rounded: usize) -> Option<(usize, DevicePtr)> {
+    /// bytes; next to a free run end when that saves pages.
+    fn vm_fit(&self, seg: usize, rounded: usize) -> Option<Fit> {
         let (base, end, page) = {
             let s = &self.vm[seg];
             (s.base, s.end(), s.page)
         };
         let runs = self.vm_runs(seg);
-        // Gaps between runs: (start, end, free bytes before, free bytes after).
+        // Gaps between runs: (start, end, run tail before, run head after).
         let mut gaps = Vec::with_capacity(runs.len() + 1);
         let mut at = base;
-        let mut left = 0;
+        let mut left = None;
         for r in &runs {
             if r.start > at {
-                gaps.push((at, r.start, left, self.mergeable(r.head)));
+                gaps.push((at, r.start, left, Some(r.head)));
             }
             at = r.end;
-            left = self.mergeable(r.tail);
+            left = Some(r.tail);
         }
         if end > at {
-            gaps.push((at, end, left, 0));
+            gaps.push((at, end, left, None));
         }
+        let free = |b: Option<BlockId>| b.map_or(0, |id| self.mergeable(id));
         let pages_for = |have: usize| rounded.saturating_sub(have).div_ceil(page).max(1);
         // Fewest pages, then lowest address.
-        let mut best: Option<(usize, DevicePtr)> = None;
-        for (g0, g1, lf, rf) in gaps {
-            let n = (g1 - g0) / page;
+        let mut best: Option<Fit> = None;
+        for (g0, g1, l, r) in gaps {
+            let (lf, rf, n) = (free(l), free(r), (g1 - g0) / page);
             let options = [
                 (pages_for(lf), g0),
                 (pages_for(rf), g1.saturating_sub(pages_for(rf) * page)),
                 (n, g0),
             ];
             for (k, at) in options {
-                let joined = lf * usize::from(at == g0) + rf * usize::from(at + k * page == g1);
-                if k <= n && joined + k * page >= rounded && best.is_none_or(|b| (k, at) < b) {
-                    best = Some((k, at));
+                let fit = Fit {
+                    pages: k,
+                    at,
+                    left: l.filter(|_| at == g0),
+                    right: r.filter(|_| at + k * page == g1),
+                };
+                let joined = free(fit.left) + free(fit.right);
+                if k <= n
+                    && joined + k * page >= rounded
+                    && best.is_none_or(|b| (k, at) < (b.pages, b.at))
+                {
+                    best = Some(fit);
                 }
             }
         }
         best
     }
 
-    /// Maps `k` pages at `va` in segment `seg` and hands back the merged free block.
+    /// Maps the pages of `fit` in segment `seg`, one mapping each, and hands back the
+    /// free block they make with their free neighbours.
     fn vm_map_range(
         &mut self,
         dev: &dyn Device,
         index: DeviceIndex,
         seg: usize,
-        va: DevicePtr,
-        k: usize,
+        fit: Fit,
     ) -> Result<Option<BlockId>, Error> {
         let (page, first, stream, kind, pool) = {
             let s = &self.vm[seg];
-            (s.page, (va - s.base) / s.page, s.stream, s.kind, s.pool)
+            (s.page, (fit.at - s.base) / s.page, s.stream, s.kind, s.pool)
         };
+        let (va, k) = (fit.at, fit.pages);
         let bytes = k * page;
         if !self.shared.try_reserve(bytes) {
             return Ok(None);
         }
         let markers = self.markers.clone();
         let range = markers.range(|| format!("npualloc.map {bytes}B dev{index}"));
-        let chunk = PAGES_PER_MAP;
-        let mut calls = 0;
-        let mut i = 0;
-        while i < k {
-            let len = chunk.min(k - i);
-            match dev.vm_map(index, va + i * page, len * page) {
-                Ok(h) => self.vm[seg].set_chunk(first + i, len, h),
+        // One mapping per page, as PyTorch and torch_npu: a free page can always go back
+        // (mapping a whole grow at once was measured worse, benches/README.md).
+        for i in 0..k {
+            match dev.vm_map(index, va + i * page, page) {
+                Ok(h) => self.vm[seg].pages[first + i] = Some(h),
                 Err(e) => {
                     // Roll back what this call mapped.
-                    let mut j = 0;
-                    while j < i {
-                        if let Page::Head { handle, len } = self.vm[seg].pages[first + j] {
-                            let _ = dev.vm_unmap(index, va + j * page, len * page, handle);
-                            self.vm[seg].clear_chunk(first + j, len);
-                            j += len;
-                        } else {
-                            unreachable!("pages mapped by this call are chunk heads");
+                    for j in 0..i {
+                        if let Some(h) = self.vm[seg].pages[first + j].take() {
+                            let _ = dev.vm_unmap(index, va + j * page, page, h);
                         }
                     }
                     self.shared.unreserve(bytes);
@@ -237,70 +244,47 @@ impl State {
                     };
                 }
             }
-            calls += 1;
-            i += len;
         }
         drop(range);
         self.shared.note_reserved();
-        self.stats.num_device_alloc += calls;
+        self.stats.num_device_alloc += k as i64;
 
         // Link the new pages to the runs they touch.
-        let tag = seg as u32 + 1;
-        let left = self
-            .blocks
-            .iter()
-            .find(|(_, b)| b.vm == tag && b.next.is_none() && b.ptr + b.size == va)
-            .map(|(id, _)| id);
-        let right = self
-            .blocks
-            .iter()
-            .find(|(_, b)| b.vm == tag && b.prev.is_none() && b.ptr == va + bytes)
-            .map(|(id, _)| id);
         let mut block = Block::segment(va, bytes, stream, kind);
         block.pool = pool;
-        block.vm = tag;
-        let touched: Vec<BlockId> = [left, right].into_iter().flatten().collect();
-        self.split_uncount(&touched);
+        block.vm = seg as u32 + 1;
+        let touched: Vec<BlockId> = [fit.left, fit.right].into_iter().flatten().collect();
+        self.count_split(&touched, false);
         let id = self.blocks.insert(block);
-        if let Some(l) = left {
+        if let Some(l) = fit.left {
             self.blocks[l].next = Some(id);
             self.blocks[id].prev = Some(l);
         }
-        if let Some(r) = right {
+        if let Some(r) = fit.right {
             self.blocks[r].prev = Some(id);
             self.blocks[id].next = Some(r);
         }
-        self.split_recount(&touched);
+        self.count_split(&touched, true);
         self.reserved += bytes;
         let st = kind.stat_type();
         stats::increase(&mut self.stats.reserved_bytes, st, bytes);
-        let runs_delta = 1 - left.is_some() as i64 - right.is_some() as i64;
+        let runs_delta = 1 - fit.left.is_some() as i64 - fit.right.is_some() as i64;
         apply_net(&mut self.stats.segment, st, runs_delta);
         self.coalesce(id, false);
         self.pool_remove(id);
         Ok(Some(id))
     }
 
-    /// Uncounts free blocks from the inactive-split statistics before their links change.
-    fn split_uncount(&mut self, ids: &[BlockId]) {
+    /// Counts (`add`) or uncounts the free split blocks among `ids` in the inactive-split
+    /// statistics: uncounted before their links change, counted again after.
+    fn count_split(&mut self, ids: &[BlockId], add: bool) {
         for &id in ids {
             let b = &self.blocks[id];
             if b.is_free() && b.is_split() {
-                let (st, size) = (b.kind.stat_type(), b.size);
-                stats::decrease(&mut self.stats.inactive_split, st, 1);
-                stats::decrease(&mut self.stats.inactive_split_bytes, st, size);
-            }
-        }
-    }
-
-    /// Counts them again after.
-    fn split_recount(&mut self, ids: &[BlockId]) {
-        for &id in ids {
-            let b = &self.blocks[id];
-            if b.is_free() && b.is_split() {
-                let (st, size) = (b.kind.stat_type(), b.size);
-                stats::increase(&mut self.stats.inactive_split, st, 1);
-                stats::increase(&mut self.stats.inactive_split_bytes, st, size);
+                let (st, size) = (b.kind.stat_type(), b.size as i64);
+                let sign = if add { 1 } else { -1 };
+                apply_net(&mut self.stats.inactive_split, st, sign);
+                apply_net(&mut self.stats.inactive_split_bytes, st, sign * size);
             }
         }
     }
@@ -317,23 +301,20 @@ impl State {
         let b = &self.blocks[id];
         let seg = b.vm as usize - 1;
         let (ptr, size, prev, next, kind) = (b.ptr, b.size, b.prev, b.next, b.kind);
-        let mut chunks = self.vm[seg].chunks_inside(ptr, size);
         let page = self.vm[seg].page;
-        let (mut keep, mut bytes) = (chunks.len(), 0);
-        while keep > 0 && bytes < want {
-            keep -= 1;
-            bytes += chunks[keep].2 * page;
-        }
-        chunks.drain(..keep);
-        let (mut done, mut calls) = (0, 0);
+        let (first, count) = self.vm[seg].whole_pages(ptr, size);
+        // The last pages of the block, as many as `want` needs.
+        let n = count.min(want.div_ceil(page));
+        let from = first + count - n;
+        let mut done = 0;
         let mut failure = None;
-        for &(at, h, len) in &chunks {
-            let va = self.vm[seg].addr(at);
-            match dev.vm_unmap(index, va, len * self.vm[seg].page, h) {
+        for i in from..from + n {
+            let va = self.vm[seg].addr(i);
+            let h = self.vm[seg].pages[i].expect("a block covers mapped pages only");
+            match dev.vm_unmap(index, va, page, h) {
                 Ok(()) => {
-                    self.vm[seg].clear_chunk(at, len);
-                    done += len;
-                    calls += 1;
+                    self.vm[seg].pages[i] = None;
+                    done += 1;
                 }
                 Err(e) => {
                     failure = Some(e);
@@ -344,11 +325,9 @@ impl State {
         if done == 0 {
             return failure.map_or(Ok(0), |e| Err(e.into()));
         }
-        let first = chunks[0].0;
-        let page = self.vm[seg].page;
-        let (lo, hi) = (self.vm[seg].addr(first), self.vm[seg].addr(first + done));
+        let (lo, hi) = (self.vm[seg].addr(from), self.vm[seg].addr(from + done));
         let touched: Vec<BlockId> = [prev, Some(id), next].into_iter().flatten().collect();
-        self.split_uncount(&touched);
+        self.count_split(&touched, false);
         self.pool_remove(id);
         // The front part (before the hole) stays block `id`; the back part is new.
         let front = if lo > ptr {
@@ -384,7 +363,7 @@ impl State {
         }
         let mut after: Vec<BlockId> = [prev, front, back, next].into_iter().flatten().collect();
         after.dedup();
-        self.split_recount(&after);
+        self.count_split(&after, true);
 
         let bytes = done * page;
         let s = &self.vm[seg];
@@ -395,7 +374,7 @@ impl State {
         let st = kind.stat_type();
         stats::decrease(&mut self.stats.reserved_bytes, st, bytes);
         apply_net(&mut self.stats.segment, st, runs_delta);
-        self.stats.num_device_free += calls;
+        self.stats.num_device_free += done as i64;
         failure.map_or(Ok(bytes), |e| Err(e.into()))
     }
 
@@ -423,8 +402,7 @@ impl State {
             .map(|(_, _, id)| {
                 let b = &self.blocks[id];
                 let s = &self.vm[b.vm as usize - 1];
-                let pages: usize = s.chunks_inside(b.ptr, b.size).iter().map(|c| c.2).sum();
-                (pages * s.page, id)
+                (s.whole_pages(b.ptr, b.size).1 * s.page, id)
             })
             .filter(|&(bytes, _)| bytes > 0)
             .collect();
@@ -479,7 +457,7 @@ impl State {
         let empty: Vec<usize> = self
             .vm
             .iter()
-            .filter(|(_, s)| s.mapped == 0 && self.pool_releasable(s.pool))
+            .filter(|(_, s)| s.mapped() == 0 && self.pool_releasable(s.pool))
             .map(|(i, _)| i)
             .collect();
         let mut result = Ok(());
