@@ -37,6 +37,31 @@ struct Inner {
     peak_bytes: usize,
 }
 
+impl Inner {
+    /// Whether `size` more live bytes stay within `capacity`.
+    fn fits(&self, size: usize, capacity: usize) -> bool {
+        self.live_bytes
+            .checked_add(size)
+            .is_some_and(|n| n <= capacity)
+    }
+
+    /// Adds a live region (allocated, or `mapped` into a reservation) and counts it.
+    fn insert(&mut self, at: usize, size: usize, mapped: bool, backed: bool) {
+        let data = backed.then(|| Arc::new(Mutex::new(vec![0xA5u8; size])));
+        self.live.insert(at, Region { size, data, mapped });
+        self.live_bytes += size;
+        self.peak_bytes = self.peak_bytes.max(self.live_bytes);
+    }
+
+    /// Removes the region at `at` if it is one of that kind; returns its size.
+    fn take(&mut self, at: usize, mapped: bool) -> Option<usize> {
+        let size = self.live.get(&at).filter(|r| r.mapped == mapped)?.size;
+        self.live.remove(&at);
+        self.live_bytes -= size;
+        Some(size)
+    }
+}
+
 /// The memory of one simulated device, as kernels and the host see it.
 pub struct SimMemory {
     device: DeviceIndex,
@@ -77,47 +102,20 @@ impl SimMemory {
             requested: size,
         };
         let mut inner = self.inner.write();
-        let fits = inner
-            .live_bytes
-            .checked_add(size)
-            .is_some_and(|n| n <= self.capacity);
-        if !fits || size == 0 {
+        if !inner.fits(size, self.capacity) || size == 0 {
             return Err(oom);
         }
         let span = size.div_ceil(ALIGN) * ALIGN;
         let addr = inner.next_addr;
         inner.next_addr = addr.checked_add(span).ok_or(oom)?;
-        let data = self
-            .backed
-            .then(|| Arc::new(Mutex::new(vec![0xA5u8; size])));
-        inner.live.insert(
-            addr,
-            Region {
-                size,
-                data,
-                mapped: false,
-            },
-        );
-        inner.live_bytes += size;
-        inner.peak_bytes = inner.peak_bytes.max(inner.live_bytes);
+        inner.insert(addr, size, false, self.backed);
         Ok(addr)
     }
 
     pub(super) fn release(&self, ptr: DevicePtr) -> Result<usize, DeviceError> {
-        let mut inner = self.inner.write();
-        match inner.live.remove_entry(&ptr) {
-            Some((at, region)) if region.mapped => {
-                inner.live.insert(at, region);
-                self.violations.fetch_add(1, Ordering::Relaxed);
-                Err(DeviceError::InvalidPointer {
-                    device: self.device,
-                    ptr,
-                })
-            }
-            Some((_, region)) => {
-                inner.live_bytes -= region.size;
-                Ok(region.size)
-            }
+        // Mapped pages are not allocations: freeing one is misuse too.
+        match self.inner.write().take(ptr, false) {
+            Some(size) => Ok(size),
             None => {
                 self.violations.fetch_add(1, Ordering::Relaxed);
                 Err(DeviceError::InvalidPointer {
@@ -310,40 +308,22 @@ impl SimMemory {
                 format!("cannot map {size} bytes at {va:#x}: outside a reservation, unaligned or already mapped"),
             ));
         }
-        if inner.live_bytes + size > self.capacity {
+        if !inner.fits(size, self.capacity) {
             return Err(DeviceError::OutOfMemory {
                 device: self.device,
                 requested: size,
             });
         }
-        let data = self
-            .backed
-            .then(|| Arc::new(Mutex::new(vec![0xA5u8; size])));
-        inner.live.insert(
-            va,
-            Region {
-                size,
-                data,
-                mapped: true,
-            },
-        );
-        inner.live_bytes += size;
-        inner.peak_bytes = inner.peak_bytes.max(inner.live_bytes);
+        inner.insert(va, size, true, self.backed);
         Ok(())
     }
 
     /// Unmaps what was mapped at `va`; returns its size.
     pub(super) fn unmap(&self, va: DevicePtr) -> Result<usize, DeviceError> {
-        let mut inner = self.inner.write();
-        match inner.live.get(&va) {
-            Some(r) if r.mapped => {
-                let size = r.size;
-                inner.live.remove(&va);
-                inner.live_bytes -= size;
-                Ok(size)
-            }
-            _ => {
-                drop(inner);
+        let taken = self.inner.write().take(va, true);
+        match taken {
+            Some(size) => Ok(size),
+            None => {
                 self.note_violation();
                 Err(Self::runtime(
                     "sim_vm_unmap",
