@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::{json, Value};
 
@@ -26,42 +26,46 @@ struct Cli {
     command: Command,
 }
 
+/// Arguments of `npualloc replay`.
+#[derive(Args)]
+struct ReplayArgs {
+    /// Trace files.
+    #[arg(required = true)]
+    traces: Vec<PathBuf>,
+    /// Allocator settings (PyTorch syntax); repeat to compare side by side.
+    #[arg(long = "conf")]
+    confs: Vec<String>,
+    /// Simulated device capacity (bytes, or with K/M/G/T).
+    #[arg(long, default_value = "64G")]
+    capacity: String,
+    /// Print the results as JSON.
+    #[arg(long)]
+    json: bool,
+    /// Write the picture (SVG); several traces or settings add a suffix per run.
+    #[arg(long)]
+    svg: Option<PathBuf>,
+    /// Write an HTML page with the table and the picture.
+    #[arg(long)]
+    html: Option<PathBuf>,
+    /// Write the allocator's state at peak reserved, in PyTorch's _snapshot() shape (JSON).
+    #[arg(long)]
+    snapshot: Option<PathBuf>,
+    /// Device trace to read from a snapshot pickle (default: the first with events).
+    #[arg(long)]
+    device: Option<usize>,
+    /// No progress bar.
+    #[arg(long, short)]
+    quiet: bool,
+    /// Replay each trace this many times in a row (what one repetition left live is
+    /// freed before the next), to see steady state.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    repeat: u16,
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Replay traces (.trace, or PyTorch snapshot .pickle) and report fragmentation and speed.
-    Replay {
-        /// Trace files.
-        #[arg(required = true)]
-        traces: Vec<PathBuf>,
-        /// Allocator settings (PyTorch syntax); repeat to compare side by side.
-        #[arg(long = "conf")]
-        confs: Vec<String>,
-        /// Simulated device capacity (bytes, or with K/M/G/T).
-        #[arg(long, default_value = "64G")]
-        capacity: String,
-        /// Print the results as JSON.
-        #[arg(long)]
-        json: bool,
-        /// Write the picture (SVG); several traces or settings add a suffix per run.
-        #[arg(long)]
-        svg: Option<PathBuf>,
-        /// Write an HTML page with the table and the picture.
-        #[arg(long)]
-        html: Option<PathBuf>,
-        /// Write the allocator's state at peak reserved, in PyTorch's _snapshot() shape (JSON).
-        #[arg(long)]
-        snapshot: Option<PathBuf>,
-        /// Device trace to read from a snapshot pickle (default: the first with events).
-        #[arg(long)]
-        device: Option<usize>,
-        /// No progress bar.
-        #[arg(long, short)]
-        quiet: bool,
-        /// Replay each trace this many times in a row (what one repetition left live is
-        /// freed before the next), to see steady state.
-        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
-        repeat: u16,
-    },
+    Replay(ReplayArgs),
     /// Derive a multi-stream case (comm, branch, rr4) from a single-stream trace.
     Derive {
         /// The single-stream trace.
@@ -277,20 +281,20 @@ fn html_page(reports: &[ReplayReport]) -> String {
     )
 }
 
-#[allow(clippy::too_many_arguments)]
-fn replay_cmd(
-    traces: Vec<PathBuf>,
-    mut confs: Vec<String>,
-    capacity: &str,
-    json_out: bool,
-    svg_path: Option<PathBuf>,
-    html: Option<PathBuf>,
-    snapshot: Option<PathBuf>,
-    device: Option<usize>,
-    quiet: bool,
-    repeat: usize,
-) -> Result<(), String> {
-    let capacity = parse_capacity(capacity)?;
+fn replay_cmd(args: ReplayArgs) -> Result<(), String> {
+    let ReplayArgs {
+        traces,
+        mut confs,
+        capacity,
+        json: json_out,
+        svg: svg_path,
+        html,
+        snapshot,
+        device,
+        quiet,
+        repeat,
+    } = args;
+    let capacity = parse_capacity(&capacity)?;
     if confs.is_empty() {
         confs.push(String::new());
     }
@@ -299,7 +303,7 @@ fn replay_cmd(
     let mut all = Vec::new();
     let mut index = 0;
     for path in &traces {
-        let trace = load(path, device)?.repeated(repeat);
+        let trace = load(path, device)?.repeated(repeat.into());
         let mut reports = Vec::new();
         for conf in &confs {
             let opts = ReplayOptions {
@@ -346,29 +350,7 @@ fn replay_cmd(
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Replay {
-            traces,
-            confs,
-            capacity,
-            json,
-            svg,
-            html,
-            snapshot,
-            device,
-            quiet,
-            repeat,
-        } => replay_cmd(
-            traces,
-            confs,
-            &capacity,
-            json,
-            svg,
-            html,
-            snapshot,
-            device,
-            quiet,
-            repeat.into(),
-        ),
+        Command::Replay(args) => replay_cmd(args),
         Command::Derive {
             trace,
             case,
