@@ -207,15 +207,12 @@ pub trait Device: Send + Sync {
     /// when it cannot reserve address ranges and map physical pages into them.
     fn vm_granularity(&self, device: DeviceIndex) -> Result<usize, DeviceError> {
         let _ = device;
-        Err(DeviceError::Unavailable(format!(
-            "the {} backend has no virtual-memory support",
-            self.name()
-        )))
+        Err(no_vm(self.name()))
     }
     /// Reserves `size` bytes of address space (no memory behind it).
     fn vm_reserve(&self, device: DeviceIndex, size: usize) -> Result<DevicePtr, DeviceError> {
         let _ = (device, size);
-        Err(self.vm_granularity(device).err().unwrap_or_else(no_vm))
+        Err(no_vm(self.name()))
     }
     /// Returns an address range of `size` bytes from [`Device::vm_reserve`]; nothing
     /// may be mapped in it.
@@ -226,7 +223,7 @@ pub trait Device: Send + Sync {
         size: usize,
     ) -> Result<(), DeviceError> {
         let _ = (device, va, size);
-        Err(self.vm_granularity(device).err().unwrap_or_else(no_vm))
+        Err(no_vm(self.name()))
     }
     /// Allocates `size` bytes of physical memory and maps them at `va` (inside a
     /// reservation, granularity-aligned); out of memory leaves nothing behind.
@@ -237,7 +234,7 @@ pub trait Device: Send + Sync {
         size: usize,
     ) -> Result<PhysHandle, DeviceError> {
         let _ = (device, va, size);
-        Err(self.vm_granularity(device).err().unwrap_or_else(no_vm))
+        Err(no_vm(self.name()))
     }
     /// Unmaps the `size` bytes [`Device::vm_map`] mapped at `va` and frees their
     /// physical memory. It does not synchronise: the caller makes sure no queued work
@@ -250,10 +247,13 @@ pub trait Device: Send + Sync {
         handle: PhysHandle,
     ) -> Result<(), DeviceError> {
         let _ = (device, va, size, handle);
-        Err(self.vm_granularity(device).err().unwrap_or_else(no_vm))
+        Err(no_vm(self.name()))
     }
 }
 
-fn no_vm() -> DeviceError {
-    DeviceError::Unavailable("virtual memory is not supported".into())
+/// The error of the virtual-memory methods of a backend without virtual memory.
+fn no_vm(backend: &str) -> DeviceError {
+    DeviceError::Unavailable(format!(
+        "the {backend} backend has no virtual-memory support"
+    ))
 }
