@@ -207,19 +207,26 @@ EXPORT aclError aclrtGetDevice(int32_t *id) {
   LEAVE(ACL_SUCCESS);
 }
 
-static aclError do_malloc(void **p, size_t size) {
-  aclError rc = enter(1);
-  if (rc) LEAVE(rc);
+/* Device memory for an allocation or a physical handle: an injected failure if one is
+ * due, out of memory past the capacity, else ACL_SUCCESS (the caller then counts it). */
+static aclError check_capacity(size_t size) {
   if (fail_next_malloc_code) {
     int code = fail_next_malloc_code;
     fail_next_malloc_code = 0;
     snprintf(last_msg, sizeof last_msg, "injected failure %d", code);
-    LEAVE(code);
+    return code;
   }
   if (size == 0 || live_per_device[current_device] + size > capacity) {
     snprintf(last_msg, sizeof last_msg, "out of device memory");
-    LEAVE(oom_code);
+    return oom_code;
   }
+  return ACL_SUCCESS;
+}
+
+static aclError do_malloc(void **p, size_t size) {
+  aclError rc = enter(1);
+  if (rc) LEAVE(rc);
+  if ((rc = check_capacity(size))) LEAVE(rc);
   void *mem = NULL;
   if (posix_memalign(&mem, 512, size) != 0) LEAVE(oom_code);
   if (n_allocs == cap_allocs) {
@@ -424,6 +431,13 @@ static vm_rec *new_rec(int kind, char *va, size_t size) {
   return r;
 }
 
+/* The physical-memory record behind `handle`, if it is one. */
+static vm_rec *handle_rec(void *handle) {
+  for (vm_rec *r = vm_recs; r; r = r->next_rec)
+    if (r == handle && r->kind == 2) return r;
+  return NULL;
+}
+
 static void drop_rec(vm_rec *r) {
   for (vm_rec **p = &vm_recs; *p; p = &(*p)->next_rec)
     if (*p == r) {
@@ -477,16 +491,7 @@ EXPORT aclError aclrtMallocPhysical(void **handle, size_t size, const aclrtPhysi
       prop->location.id != (uint32_t)current_device || prop->reserve != 0)
     LEAVE(violation("aclrtMallocPhysical: unexpected property struct"));
   if (size == 0 || size % GRANULARITY) LEAVE(violation("aclrtMallocPhysical: unaligned size"));
-  if (fail_next_malloc_code) {
-    int code = fail_next_malloc_code;
-    fail_next_malloc_code = 0;
-    snprintf(last_msg, sizeof last_msg, "injected failure %d", code);
-    LEAVE(code);
-  }
-  if (live_per_device[current_device] + size > capacity) {
-    snprintf(last_msg, sizeof last_msg, "out of device memory");
-    LEAVE(oom_code);
-  }
+  if ((rc = check_capacity(size))) LEAVE(rc);
   live_per_device[current_device] += size;
   counters.live_bytes += size;
   counters.live_physical++;
@@ -498,25 +503,20 @@ EXPORT aclError aclrtMallocPhysical(void **handle, size_t size, const aclrtPhysi
 EXPORT aclError aclrtFreePhysical(void *handle) {
   aclError rc = enter(1);
   if (rc) LEAVE(rc);
-  for (vm_rec *r = vm_recs; r; r = r->next_rec) {
-    if (r == handle && r->kind == 2) {
-      if (r->va) LEAVE(violation("aclrtFreePhysical: handle still mapped"));
-      live_per_device[r->device] -= r->size;
-      counters.live_bytes -= r->size;
-      counters.live_physical--;
-      drop_rec(r);
-      LEAVE(ACL_SUCCESS);
-    }
-  }
-  LEAVE(violation("aclrtFreePhysical: unknown handle"));
+  vm_rec *r = handle_rec(handle);
+  if (!r) LEAVE(violation("aclrtFreePhysical: unknown handle"));
+  if (r->va) LEAVE(violation("aclrtFreePhysical: handle still mapped"));
+  live_per_device[r->device] -= r->size;
+  counters.live_bytes -= r->size;
+  counters.live_physical--;
+  drop_rec(r);
+  LEAVE(ACL_SUCCESS);
 }
 
 EXPORT aclError aclrtMapMem(void *va, size_t size, size_t offset, void *handle, uint64_t flags) {
   aclError rc = enter(1);
   if (rc) LEAVE(rc);
-  vm_rec *h = NULL;
-  for (vm_rec *r = vm_recs; r; r = r->next_rec)
-    if (r == handle && r->kind == 2) h = r;
+  vm_rec *h = handle_rec(handle);
   if (!h || h->va) LEAVE(violation("aclrtMapMem: unknown or already mapped handle"));
   if (offset || flags || size != h->size) LEAVE(violation("aclrtMapMem: bad size, offset or flags"));
   char *p = va;
