@@ -759,9 +759,20 @@ impl State {
         !hot.is_empty()
     }
 
+    /// Bytes of block `id` a neighbour may absorb: its size when free and not parked in
+    /// the hot cache, else 0.
+    fn mergeable(&self, id: BlockId) -> usize {
+        let b = &self.blocks[id];
+        if b.is_free() && !b.hot {
+            b.size
+        } else {
+            0
+        }
+    }
+
     /// Merges free neighbour `src` into `dst`; returns the bytes absorbed (0 if not free).
     fn try_merge(&mut self, dst: BlockId, src: BlockId) -> usize {
-        if !self.blocks[src].is_free() || self.blocks[src].hot {
+        if self.mergeable(src) == 0 {
             return 0;
         }
         self.pool_remove(src);

@@ -50,16 +50,6 @@ struct Fit {
 }
 
 impl State {
-    /// Free bytes of block `id` that could merge with new pages next to it.
-    fn mergeable(&self, id: BlockId) -> usize {
-        let b = &self.blocks[id];
-        if b.is_free() && !b.hot {
-            b.size
-        } else {
-            0
-        }
-    }
-
     /// Reserves a new expandable segment for (`stream`, current pool, `kind`): 9/8 of
     /// device memory for the large pool (PyTorch's size), at most 2 GiB for the small
     /// one (torch_npu's cap); another is reserved when one fills up.
