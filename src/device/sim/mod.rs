@@ -291,6 +291,28 @@ impl SimDevice {
         Ok(self.dev(device)?.memory.clone())
     }
 
+    /// (operations queued on `stream` so far, operations it has run), numbered from 1.
+    pub fn position(
+        &self,
+        device: DeviceIndex,
+        stream: StreamHandle,
+    ) -> Result<(u64, u64), DeviceError> {
+        Ok(self.stream(device, stream)?.position())
+    }
+
+    /// Whether `stream`'s next operations run after operation `n` of `other` (queued
+    /// earlier on `other`, or ordered there through events waited on).
+    pub fn ordered_after(
+        &self,
+        device: DeviceIndex,
+        stream: StreamHandle,
+        other: StreamHandle,
+        n: u64,
+    ) -> Result<bool, DeviceError> {
+        let s = self.stream(device, stream)?;
+        Ok(stream == other || s.ordered_after(other.0) >= n)
+    }
+
     /// Manual mode: runs up to `max` queued operations of `stream`; returns how many ran.
     pub fn step(
         &self,
@@ -474,8 +496,7 @@ impl Device for SimDevice {
     ) -> Result<(), DeviceError> {
         let ev = self.event(device, event)?;
         let s = self.stream(device, stream)?;
-        let gen = ev.recorded.fetch_add(1, Ordering::AcqRel) + 1;
-        s.push(Op::Record(ev, gen));
+        s.push_record(stream.0, ev.record());
         self.dev(device)?
             .event_records
             .fetch_add(1, Ordering::Relaxed);
@@ -520,9 +541,8 @@ impl Device for SimDevice {
     ) -> Result<(), DeviceError> {
         let ev = self.event(device, event)?;
         let s = self.stream(device, stream)?;
-        let gen = ev.recorded.load(Ordering::Acquire);
-        if gen > 0 {
-            s.push(Op::Wait(ev, gen));
+        if let Some(mark) = ev.latest() {
+            s.push_wait(mark);
         }
         Ok(())
     }

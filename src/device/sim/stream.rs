@@ -5,11 +5,15 @@
 //!
 //! Invariants:
 //! - operations of one stream run in the order they were queued, one at a time;
-//! - an event's `completed` generation never exceeds its `recorded` generation, and an
-//!   event is complete exactly when every record queued so far has run;
-//! - a wait operation does not run before the waited-for record has run.
+//! - each record of an event is its own mark; the event is complete exactly when the
+//!   mark of its latest record has run (or it was never recorded), as in CUDA and ACL:
+//!   recording an event again does not complete, or release waits on, earlier records;
+//! - a wait operation does not run before the mark it captured has run;
+//! - operations are numbered per stream from 1 in queue order; `after[x] = n` on a
+//!   stream means its operations queued from now on run after operation `n` of stream
+//!   `x` (learnt from waits, transitively through the waited-for record's own `after`).
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -20,29 +24,51 @@ use super::memory::SimMemory;
 /// Work a simulated kernel does: it reads and writes device memory.
 pub type Kernel = Box<dyn FnOnce(&SimMemory) + Send + 'static>;
 
+/// One record of an event.
+#[derive(Default)]
+pub(super) struct Record {
+    /// Set once the record has run on its stream.
+    pub done: AtomicBool,
+    /// What a stream waiting on this record is ordered after: the recording stream's
+    /// operations up to this record, and whatever that stream was ordered after.
+    pub after: Mutex<HashMap<usize, u64>>,
+}
+
+/// One record of an event (shared with the operations queued for it).
+pub(super) type Mark = Arc<Record>;
+
 /// State of one simulated event.
 #[derive(Default)]
 pub(super) struct EventState {
-    /// Generation of the last record queued on a stream.
-    pub recorded: AtomicU64,
-    /// Highest generation whose record has run.
-    pub completed: AtomicU64,
+    /// The mark of the latest record queued on a stream; `None`: never recorded.
+    latest: Mutex<Option<Mark>>,
 }
 
 impl EventState {
-    pub fn is_complete(&self) -> bool {
-        self.completed.load(Ordering::Acquire) >= self.recorded.load(Ordering::Acquire)
+    /// A new record: it becomes the event's latest; queue it as `Op::Record`.
+    pub fn record(&self) -> Mark {
+        let mark = Mark::default();
+        *self.latest.lock() = Some(mark.clone());
+        mark
     }
 
-    fn reached(&self, gen: u64) -> bool {
-        self.completed.load(Ordering::Acquire) >= gen
+    /// The latest record, for a wait to capture.
+    pub fn latest(&self) -> Option<Mark> {
+        self.latest.lock().clone()
+    }
+
+    pub fn is_complete(&self) -> bool {
+        self.latest
+            .lock()
+            .as_ref()
+            .is_none_or(|m| m.done.load(Ordering::Acquire))
     }
 }
 
 pub(super) enum Op {
     Kernel(Kernel),
-    Record(Arc<EventState>, u64),
-    Wait(Arc<EventState>, u64),
+    Record(Mark),
+    Wait(Mark),
 }
 
 /// Wakes host threads and workers when any operation of a device finishes.
@@ -74,6 +100,8 @@ pub(super) struct StreamState {
     work: Condvar,
     /// Serialises manual stepping so that ops of one stream never overlap.
     exec: Mutex<()>,
+    /// Operation numbers of other streams this stream's next operations run after.
+    after: Mutex<HashMap<usize, u64>>,
     enqueued: AtomicU64,
     done: AtomicU64,
     pub shutdown: AtomicBool,
@@ -85,18 +113,57 @@ impl StreamState {
             queue: Mutex::new(VecDeque::new()),
             work: Condvar::new(),
             exec: Mutex::new(()),
+            after: Mutex::new(HashMap::new()),
             enqueued: AtomicU64::new(0),
             done: AtomicU64::new(0),
             shutdown: AtomicBool::new(false),
         }
     }
 
-    pub fn push(&self, op: Op) {
+    /// Queues `op`; returns its number on this stream.
+    pub fn push(&self, op: Op) -> u64 {
         let mut q = self.queue.lock();
         q.push_back(op);
-        self.enqueued.fetch_add(1, Ordering::AcqRel);
+        let n = self.enqueued.fetch_add(1, Ordering::AcqRel) + 1;
         drop(q);
         self.work.notify_one();
+        n
+    }
+
+    /// Queues a record of `mark` (this stream is `me`): a stream waiting on it runs
+    /// after everything queued here so far.
+    pub fn push_record(&self, me: usize, mark: Mark) {
+        let mut after = self.after.lock().clone();
+        let n = self.push(Op::Record(mark.clone()));
+        after.insert(me, n);
+        *mark.after.lock() = after;
+    }
+
+    /// Queues a wait for `mark`: this stream's later operations run after it.
+    pub fn push_wait(&self, mark: Mark) {
+        let theirs = mark.after.lock().clone();
+        {
+            let mut mine = self.after.lock();
+            for (s, n) in theirs {
+                let e = mine.entry(s).or_default();
+                *e = (*e).max(n);
+            }
+        }
+        self.push(Op::Wait(mark));
+    }
+
+    /// (operations queued so far, operations run so far).
+    pub fn position(&self) -> (u64, u64) {
+        (
+            self.enqueued.load(Ordering::Acquire),
+            self.done.load(Ordering::Acquire),
+        )
+    }
+
+    /// The number of the last operation of stream `other` that this stream's next
+    /// operations are ordered after (0: none).
+    pub fn ordered_after(&self, other: usize) -> u64 {
+        self.after.lock().get(&other).copied().unwrap_or(0)
     }
 
     pub fn is_idle(&self) -> bool {
@@ -133,9 +200,9 @@ impl StreamState {
                     self.work.wait(&mut q);
                 }
             };
-            if let Op::Wait(ev, gen) = &op {
+            if let Op::Wait(mark) = &op {
                 progress.wait_until(
-                    || ev.reached(*gen),
+                    || mark.done.load(Ordering::Acquire),
                     || self.shutdown.load(Ordering::Acquire),
                 );
             }
@@ -154,7 +221,7 @@ impl StreamState {
                 let mut q = self.queue.lock();
                 match q.front() {
                     None => break,
-                    Some(Op::Wait(ev, gen)) if !ev.reached(*gen) => break,
+                    Some(Op::Wait(mark)) if !mark.done.load(Ordering::Acquire) => break,
                     Some(_) => q.pop_front().expect("front exists"),
                 }
             };
@@ -169,9 +236,7 @@ impl StreamState {
 fn execute(op: Op, memory: &SimMemory) {
     match op {
         Op::Kernel(k) => k(memory),
-        Op::Record(ev, gen) => {
-            ev.completed.fetch_max(gen, Ordering::AcqRel);
-        }
+        Op::Record(mark) => mark.done.store(true, Ordering::Release),
         Op::Wait(..) => {}
     }
 }
