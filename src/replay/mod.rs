@@ -4,10 +4,12 @@
 //!
 //! Stream semantics: work on a stream counts as pending from an `r` on it until the
 //! next `s` for it; a free's event on a stream with no pending work completes at once.
+//! What a stream has completed stays owed to it when a device-side wait (cross-stream
+//! lending) holds it back: it runs as soon as the waited-for stream gets there.
 
 pub mod svg;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -142,11 +144,92 @@ pub struct Action {
     pub event: usize,
 }
 
+/// The trace's streams on the simulated device (manual mode). A stream is *busy* from
+/// an `r` on it until its next `s`; an idle stream runs whatever is queued on it. Work
+/// a stream has completed in the trace's terms but that a device-side wait (lending)
+/// holds back is owed to it and runs as soon as the waited-for stream gets there.
+struct Streams {
+    sim: Arc<SimDevice>,
+    handles: HashMap<u32, StreamHandle>,
+    busy: HashSet<StreamHandle>,
+    owed: HashMap<StreamHandle, u64>,
+}
+
+impl Streams {
+    fn new(sim: Arc<SimDevice>) -> Self {
+        Streams {
+            sim,
+            handles: HashMap::from([(0, StreamHandle::DEFAULT)]),
+            busy: HashSet::new(),
+            owed: HashMap::new(),
+        }
+    }
+
+    /// The device stream of trace stream `label` (created on first use).
+    fn handle(&mut self, label: u32) -> Result<StreamHandle, Error> {
+        if let Some(s) = self.handles.get(&label) {
+            return Ok(*s);
+        }
+        let s = self.sim.create_stream(0)?;
+        self.handles.insert(label, s);
+        Ok(s)
+    }
+
+    /// An `r` on `s`: it has work queued that later frees may wait for.
+    fn mark_busy(&mut self, s: StreamHandle) {
+        self.busy.insert(s);
+    }
+
+    /// An `s` for `s`: it has completed everything queued on it so far.
+    fn sync(&mut self, s: StreamHandle) -> Result<(), Error> {
+        self.busy.remove(&s);
+        self.complete(s)?;
+        self.run()
+    }
+
+    /// After an event: idle streams run what was queued on them.
+    fn settle(&mut self) -> Result<(), Error> {
+        if self.handles.len() < 2 {
+            return Ok(()); // one stream: nothing is ever queued on it
+        }
+        let idle: Vec<StreamHandle> = self
+            .handles
+            .values()
+            .filter(|s| !self.busy.contains(s))
+            .copied()
+            .collect();
+        for s in idle {
+            self.complete(s)?;
+        }
+        self.run()
+    }
+
+    fn complete(&mut self, s: StreamHandle) -> Result<(), Error> {
+        let queued = self.sim.pending(0, s)?;
+        self.owed.insert(s, queued);
+        Ok(())
+    }
+
+    /// Runs owed work until no stream can make progress.
+    fn run(&mut self) -> Result<(), Error> {
+        loop {
+            let mut progress = false;
+            for (s, n) in self.owed.iter_mut().filter(|(_, n)| **n > 0) {
+                let ran = self.sim.step(0, *s, *n as usize)? as u64;
+                *n -= ran;
+                progress |= ran > 0;
+            }
+            if !progress {
+                return Ok(());
+            }
+        }
+    }
+}
+
 struct Live {
     ptr: usize,
     stream: usize,
     size: u64,
-    uses: Vec<u32>,
 }
 
 /// Replays `trace`; `progress` is called every 4096 events with the count done.
@@ -164,17 +247,8 @@ pub fn replay(
         ..SimConfig::default()
     });
     let alloc = CachingAllocator::new(sim.clone(), 0, config)?;
-    let mut streams: HashMap<u32, StreamHandle> = HashMap::from([(0, StreamHandle::DEFAULT)]);
-    let mut pending: HashMap<u32, bool> = HashMap::new();
+    let mut streams = Streams::new(sim.clone());
     let mut live: HashMap<u64, Live> = HashMap::with_capacity(1024);
-    let mut stream_of = |label: u32, sim: &Arc<SimDevice>| -> Result<StreamHandle, Error> {
-        if let Some(s) = streams.get(&label) {
-            return Ok(*s);
-        }
-        let s = sim.create_stream(0)?;
-        streams.insert(label, s);
-        Ok(s)
-    };
 
     let (mut requested, mut peak_requested, mut allocations) = (0u64, 0u64, 0usize);
     let (mut peak_reserved_seen, mut peak_event) = (0u64, 0usize);
@@ -186,7 +260,7 @@ pub fn replay(
         match *op {
             Op::Alloc { id, size, stream } => {
                 allocations += 1;
-                let s = stream_of(stream, &sim)?;
+                let s = streams.handle(stream)?;
                 match alloc.malloc(size as usize, s) {
                     Ok(ptr) => {
                         if opts.detail {
@@ -204,7 +278,6 @@ pub fn replay(
                                 ptr,
                                 stream: s.0,
                                 size,
-                                uses: Vec::new(),
                             },
                         );
                         requested += size;
@@ -227,27 +300,21 @@ pub fn replay(
                         });
                     }
                     requested -= l.size;
-                    for label in l.uses {
-                        if !pending.get(&label).copied().unwrap_or(false) {
-                            sim.complete_stream(0, stream_of(label, &sim)?)?;
-                        }
-                    }
                 }
             }
             Op::Record { id, stream } => {
-                let s = stream_of(stream, &sim)?;
-                if let Some(l) = live.get_mut(&id) {
+                let s = streams.handle(stream)?;
+                if let Some(l) = live.get(&id) {
                     alloc.record_stream(l.ptr, s)?;
-                    l.uses.push(stream);
-                    pending.insert(stream, true);
+                    streams.mark_busy(s);
                 }
             }
             Op::Sync { stream } => {
-                let s = stream_of(stream, &sim)?;
-                sim.complete_stream(0, s)?;
-                pending.insert(stream, false);
+                let s = streams.handle(stream)?;
+                streams.sync(s)?;
             }
         }
+        streams.settle()?;
         if opts.detail {
             let u = alloc.usage();
             timeline.push(Sample {
@@ -276,7 +343,7 @@ pub fn replay(
     for (_, l) in live.drain() {
         alloc.free(l.ptr)?;
     }
-    for s in streams.values() {
+    for s in streams.handles.values() {
         sim.complete_stream(0, *s)?;
     }
     alloc.empty_cache()?;
