@@ -6,7 +6,8 @@
 //! `[256:1,512:2,>:4]` keyed by MiB intervals), `garbage_collection_threshold`,
 //! `expandable_segments`, `large_segment_size_mb`, `small_segment_size_mb`,
 //! `page_size` (`1g`), and npualloc's own `reclaim_before_growth`, `adaptive_segments`,
-//! `hot_cache` and `lend_segments` (all `False` gives PyTorch's policy exactly).
+//! `hot_cache`, `lend_segments` and `lend_blocks` (all `False` gives PyTorch's policy
+//! exactly).
 
 use crate::error::Error;
 
@@ -17,7 +18,8 @@ pub const ROUNDUP_INTERVALS: usize = 16;
 /// Settings that turn off npualloc's additions, giving PyTorch's caching-allocator
 /// policy exactly (replays of the shipped traces match PyTorch's figures).
 pub const PYTORCH_POLICY: &str =
-    "reclaim_before_growth:False,adaptive_segments:False,hot_cache:False,lend_segments:False";
+    "reclaim_before_growth:False,adaptive_segments:False,hot_cache:False,lend_segments:False,\
+     lend_blocks:False";
 
 /// Parsed allocator settings.
 #[derive(Clone, Debug, PartialEq)]
@@ -50,6 +52,11 @@ pub struct Config {
     /// stream, ordered on the device by an event (npualloc's addition; `False` keeps
     /// each stream's segments to itself, as PyTorch does).
     pub lend_segments: bool,
+    /// When no segment can be borrowed, serve the request from a free block cached by
+    /// another stream: the block stays that stream's, this stream waits on the device
+    /// for an event recorded there, and the block goes back only after this stream's
+    /// work on it (npualloc's addition; `False` keeps each stream's blocks to itself).
+    pub lend_blocks: bool,
 }
 
 impl Default for Config {
@@ -66,6 +73,7 @@ impl Default for Config {
             adaptive_segments: true,
             hot_cache: true,
             lend_segments: true,
+            lend_blocks: true,
         }
     }
 }
@@ -155,6 +163,9 @@ impl Config {
                 }
                 "lend_segments" => {
                     cfg.lend_segments = parse_bool(key, value)?;
+                }
+                "lend_blocks" => {
+                    cfg.lend_blocks = parse_bool(key, value)?;
                 }
                 "expandable_segments" => {
                     cfg.expandable_segments = parse_bool(key, value)?;
@@ -306,9 +317,10 @@ mod tests {
     fn pytorch_policy_turns_off_every_addition() {
         let c = Config::parse(PYTORCH_POLICY).unwrap();
         assert!(!c.reclaim_before_growth && !c.adaptive_segments);
-        assert!(!c.hot_cache && !c.lend_segments);
+        assert!(!c.hot_cache && !c.lend_segments && !c.lend_blocks);
         let d = Config::default();
         assert!(d.reclaim_before_growth && d.adaptive_segments && d.hot_cache && d.lend_segments);
+        assert!(d.lend_blocks);
         // Everything PyTorch itself has keeps its default.
         assert_eq!(
             Config {
@@ -316,6 +328,7 @@ mod tests {
                 adaptive_segments: true,
                 hot_cache: true,
                 lend_segments: true,
+                lend_blocks: true,
                 ..c
             },
             d

@@ -3,8 +3,9 @@
 use std::collections::HashMap;
 
 use super::state::State;
-use crate::pool::{BlockId, PoolKind};
+use crate::pool::{Block, BlockId, PoolKind};
 use crate::stats::{StatArray, StatType};
+use crate::stream::UNFENCED;
 
 #[derive(Default)]
 struct Recount {
@@ -226,6 +227,7 @@ pub(super) fn check(st: &State) -> Result<(), String> {
                 "block {id}: allocated while events are outstanding"
             ));
         }
+        check_lending(st, id, b)?;
     }
     if let Some(ev) = st
         .events
@@ -236,6 +238,15 @@ pub(super) fn check(st: &State) -> Result<(), String> {
         return Err(format!("event {ev:?} is both idle and queued"));
     }
 
+    if let Some((id, _)) = st
+        .dirty
+        .iter()
+        .find(|&(id, _)| !st.blocks.get(id).is_some_and(|b| b.dirty))
+    {
+        return Err(format!(
+            "dirty marks for block {id}, which is not marked dirty"
+        ));
+    }
     check_vm(st)?;
     if reserved != st.reserved {
         return Err(format!(
@@ -260,7 +271,31 @@ pub(super) fn check(st: &State) -> Result<(), String> {
     Ok(())
 }
 
-/// Expandable segments: blocks cover exactly the mapped pages, runs are maximal.
+/// Lending marks: a borrower only on an allocated block and not its own stream; dirty
+/// flags exactly on blocks with marks, never allocated, never marked with their own
+/// stream, with an epoch the shard's fences handed out.
+fn check_lending(st: &State, id: BlockId, b: &Block) -> Result<(), String> {
+    if b.lent && (!b.allocated || b.stream_uses.first().is_none_or(|&s| s == b.stream)) {
+        return Err(format!(
+            "block {id}: lent but not to another stream's caller"
+        ));
+    }
+    let marks = st.dirty.get(id);
+    if b.dirty == marks.is_empty() || (b.dirty && b.allocated) {
+        return Err(format!(
+            "block {id}: dirty flag {} with {} marks",
+            b.dirty,
+            marks.len()
+        ));
+    }
+    for &(s, epoch) in marks {
+        if s == b.stream || (epoch != UNFENCED && epoch > st.fences.epoch()) {
+            return Err(format!("block {id}: bad dirty mark ({s:?}, {epoch})"));
+        }
+    }
+    Ok(())
+}
+
 fn check_vm(st: &State) -> Result<(), String> {
     let mut covered: HashMap<usize, usize> = HashMap::new();
     for (id, b) in st.blocks.iter().filter(|(_, b)| b.vm != 0) {

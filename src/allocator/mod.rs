@@ -216,7 +216,7 @@ impl CachingAllocator {
             let found = st.malloc(dev, self.index, size, stream, false, &peers);
             self.set_pending(shard, st.pending_count());
             match found {
-                Ok(Some((ptr, _))) => {
+                Ok(Some(ptr)) => {
                     LAST_SHARD.with(|c| c.set((self.id, si)));
                     return Ok(ptr);
                 }
@@ -241,7 +241,7 @@ impl CachingAllocator {
         let found = st.malloc(dev, self.index, size, stream, true, &NoPeers);
         self.set_pending(shard, st.pending_count());
         drop(st);
-        let (ptr, _) = found
+        let ptr = found
             .map_err(|e| self.malloc_failed(e, size))?
             .expect("the last attempt either allocates or reports out of memory");
         LAST_SHARD.with(|c| c.set((self.id, si)));
@@ -259,9 +259,36 @@ impl CachingAllocator {
         stream: StreamHandle,
     ) -> Result<(), Error> {
         let (_, shard) = self.shard(stream)?;
-        let mut st = shard.state.lock();
-        st.flush_hot();
-        st.begin_allocate_to_pool(id)
+        let already = shard.state.lock().capturing.is_some();
+        if already {
+            // Refused (one pool at a time); the stream's capture flag stays as it is.
+            return shard.state.lock().begin_allocate_to_pool(id);
+        }
+        // No event may be recorded on the stream while it captures: from now on no
+        // block is lent to it, and the fences of blocks it borrowed and gave back are
+        // settled first (a host wait only if their work has not run).
+        self.shared.set_capturing(stream, true);
+        let begun = self.settle_fences_on(stream).and_then(|()| {
+            let mut st = shard.state.lock();
+            st.flush_hot();
+            st.begin_allocate_to_pool(id)
+        });
+        if begun.is_err() {
+            self.shared.set_capturing(stream, false);
+        }
+        begun
+    }
+
+    fn settle_fences_on(&self, stream: StreamHandle) -> Result<(), Error> {
+        for other in self.shards.all() {
+            if other.stream != stream {
+                let mut st = other.state.lock();
+                let settled = st.settle_fences_on(&*self.device, self.index, stream);
+                self.set_pending(other, st.pending_count());
+                settled?;
+            }
+        }
+        Ok(())
     }
 
     /// Stops routing to private pool `id` (PyTorch's `endAllocateToPool`).
@@ -271,6 +298,7 @@ impl CachingAllocator {
             if st.is_capturing_to(id) {
                 st.end_allocate_to_pool(&*self.device, self.index);
                 self.set_pending(shard, st.pending_count());
+                self.shared.set_capturing(shard.stream, false);
                 return Ok(());
             }
         }

@@ -5,7 +5,10 @@
 
 use std::sync::atomic::{AtomicIsize, AtomicUsize, Ordering};
 
+use parking_lot::Mutex;
+
 use crate::config::Config;
+use crate::device::StreamHandle;
 
 /// Device-wide state of one allocator.
 #[derive(Debug)]
@@ -23,6 +26,11 @@ pub(crate) struct Shared {
     allowed_max: AtomicUsize,
     /// Frees waiting for events, over all shards.
     pub pending_total: AtomicIsize,
+    /// Streams allocating to a graph-private pool (capturing): no event may be
+    /// recorded on them, so lending leaves them alone.
+    capturing: Mutex<Vec<StreamHandle>>,
+    /// `capturing.len()`, read without the lock on the free path.
+    capture_count: AtomicUsize,
 }
 
 impl Shared {
@@ -35,7 +43,24 @@ impl Shared {
             reserved_peak: AtomicUsize::new(0),
             allowed_max: AtomicUsize::new(usize::MAX),
             pending_total: AtomicIsize::new(0),
+            capturing: Mutex::new(Vec::new()),
+            capture_count: AtomicUsize::new(0),
         }
+    }
+
+    /// Notes that `stream` starts (`true`) or stops capturing.
+    pub fn set_capturing(&self, stream: StreamHandle, on: bool) {
+        let mut c = self.capturing.lock();
+        c.retain(|&s| s != stream);
+        if on {
+            c.push(stream);
+        }
+        self.capture_count.store(c.len(), Ordering::Release);
+    }
+
+    /// Whether `stream` is capturing now.
+    pub fn is_capturing(&self, stream: StreamHandle) -> bool {
+        self.capture_count.load(Ordering::Acquire) > 0 && self.capturing.lock().contains(&stream)
     }
 
     /// The memory-fraction cap, if set.

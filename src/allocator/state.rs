@@ -26,12 +26,20 @@ use crate::pool::rounding::{
 use crate::pool::{Block, BlockId, PoolKind, PoolTag, PtrTable, StreamMap, VmSegment};
 use crate::profiling::Mstx;
 use crate::stats::{self, DeviceStats, StatType};
-use crate::stream::{EventPool, PendingFrees};
+use crate::stream::{DirtyMarks, EventPool, Fences, PendingFrees, UNFENCED};
 
 /// Access to the other streams' shards from inside one shard's slow path.
 pub(crate) trait Peers {
     /// Calls `f` on each other shard whose lock is free right now, until it returns false.
     fn visit(&self, f: &mut dyn FnMut(&mut State) -> bool);
+}
+
+/// Where a request that missed this stream's free lists is served.
+enum Grant {
+    /// A block of this shard (from a new or borrowed segment, or pages mapped).
+    Own(BlockId),
+    /// A block lent by another stream's shard, which keeps it (see `lend_block`).
+    Lent(DevicePtr),
 }
 
 /// No other shards (tests of one shard, and the last-resort pass).
@@ -113,6 +121,8 @@ pub(super) struct State {
     /// Settings and device-wide counters shared with the other streams' shards.
     pub shared: Arc<Shared>,
     pub reserved: usize,
+    /// Highest `reserved` of this shard (sizes its adaptive segments).
+    pub reserved_hwm: usize,
     pub gc_calls: u64,
     /// Number of malloc calls so far (the clock of segment idleness).
     pub malloc_calls: u64,
@@ -132,6 +142,10 @@ pub(super) struct State {
     pub deferred: Vec<BlockId>,
     /// Expandable segments (`Block::vm` is an index here plus one).
     pub vm: Slab<VmSegment>,
+    /// How far the streams this shard lent blocks to have run.
+    pub fences: Fences,
+    /// Which free blocks streams they were lent to may still use (`Block::dirty`).
+    pub dirty: DirtyMarks,
 }
 
 /// A graph-private pool (PyTorch's `PrivatePool`).
@@ -160,6 +174,7 @@ impl State {
             stats: DeviceStats::default(),
             shared,
             reserved: 0,
+            reserved_hwm: 0,
             gc_calls: 0,
             malloc_calls: 0,
             reclaim_min_idle: 0,
@@ -169,6 +184,8 @@ impl State {
             capturing: None,
             deferred: Vec::new(),
             vm: Slab::new(),
+            fences: Fences::default(),
+            dirty: DirtyMarks::default(),
         }
     }
 
@@ -337,7 +354,7 @@ impl State {
         stream: StreamHandle,
         others_released: bool,
         peers: &dyn Peers,
-    ) -> Result<Option<(DevicePtr, BlockId)>, Error> {
+    ) -> Result<Option<DevicePtr>, Error> {
         if size == 0 {
             return Err(Error::ZeroSize);
         }
@@ -353,10 +370,9 @@ impl State {
         let kind = PoolKind::for_size(rounded);
 
         if let Some(id) = self.hot_take(stream, rounded) {
-            let id = self.alloc_found_block(id, size, rounded);
-            let ptr = self.blocks[id].ptr;
-            self.ptrs.insert(ptr, id);
-            return Ok(Some((ptr, id)));
+            return self
+                .hand_out(dev, index, id, size, rounded, stream)
+                .map(Some);
         }
         let id = match self.get_free_block(stream, kind, rounded) {
             Some(id) => id,
@@ -371,14 +387,113 @@ impl State {
                 others_released,
                 peers,
             )? {
-                Some(id) => id,
+                Some(Grant::Own(id)) => id,
+                Some(Grant::Lent(ptr)) => return Ok(Some(ptr)),
                 None => return Ok(None),
             },
         };
-        let id = self.alloc_found_block(id, size, rounded);
-        let ptr = self.blocks[id].ptr;
-        self.ptrs.insert(ptr, id);
-        Ok(Some((ptr, id)))
+        self.hand_out(dev, index, id, size, rounded, stream)
+            .map(Some)
+    }
+
+    /// Allocates found block `id` (out of its free list) for work on stream `taker`
+    /// and maps its address. A dirty block first orders `taker` after the streams that
+    /// may still use it; if that fails, the block goes back to its free list.
+    #[inline(always)]
+    fn hand_out(
+        &mut self,
+        dev: &dyn Device,
+        index: DeviceIndex,
+        id: BlockId,
+        size: usize,
+        rounded: usize,
+        taker: StreamHandle,
+    ) -> Result<DevicePtr, Error> {
+        let dirty = self.blocks[id].dirty;
+        if dirty {
+            if let Err(e) = self.wait_for_dirty(dev, index, id, taker) {
+                self.pool_insert(id);
+                return Err(e);
+            }
+        }
+        let out = self.alloc_found_block(id, size, rounded);
+        if dirty && out == id {
+            // Handed out whole; a split-off front starts clean and the free remainder
+            // (`id`) stays dirty for other takers.
+            self.dirty.take(id);
+            self.blocks[id].dirty = false;
+        }
+        let ptr = self.blocks[out].ptr;
+        self.ptrs.insert(ptr, out);
+        Ok(ptr)
+    }
+
+    /// Orders `taker` after every stream block `id` is still dirty on (other than
+    /// `taker` itself, whose own order suffices).
+    #[cold]
+    fn wait_for_dirty(
+        &mut self,
+        dev: &dyn Device,
+        index: DeviceIndex,
+        id: BlockId,
+        taker: StreamHandle,
+    ) -> Result<(), Error> {
+        let marks: Vec<_> = self.dirty.get(id).to_vec();
+        for (s, epoch) in marks {
+            if s != taker && !self.fences.is_clear(s, epoch) {
+                self.order_after(dev, index, taker, s)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Before `stream` starts capturing: waits for the fences on it, so that no block
+    /// stays dirty on it (taking one would record an event on the capturing stream).
+    pub fn settle_fences_on(
+        &mut self,
+        dev: &dyn Device,
+        index: DeviceIndex,
+        stream: StreamHandle,
+    ) -> Result<(), Error> {
+        let events = &mut self.events;
+        self.fences
+            .synchronize(dev, index, Some(stream), |ev| events.put(ev))?;
+        let unfenced = self
+            .dirty
+            .iter()
+            .any(|(_, m)| m.iter().any(|&(s, e)| s == stream && e == UNFENCED));
+        if unfenced {
+            dev.synchronize_stream(index, stream)?;
+            for id in self.dirty.clear_stream(stream) {
+                self.blocks[id].dirty = false;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether block `id` may still be in use on a stream it was lent to.
+    fn is_dirty(&self, id: BlockId) -> bool {
+        self.blocks[id].dirty
+            && self
+                .dirty
+                .get(id)
+                .iter()
+                .any(|&(s, epoch)| !self.fences.is_clear(s, epoch))
+    }
+
+    /// Records a fence on `borrower` for a lent block it just freed; returns the
+    /// epoch of the block's dirty mark.
+    fn fence(&mut self, dev: &dyn Device, index: DeviceIndex, borrower: StreamHandle) -> u64 {
+        let Ok(ev) = self.events.get(dev, index) else {
+            return UNFENCED;
+        };
+        match dev.event_record(index, ev, borrower) {
+            Ok(()) => self.fences.push(borrower, ev),
+            Err(_) => {
+                self.events.put(ev);
+                UNFENCED
+            }
+        }
     }
 
     /// The device allocation for a block of `rounded` bytes: PyTorch's sizes, or with
@@ -390,7 +505,12 @@ impl State {
         if !self.config.adaptive_segments || rounded <= SMALL_SIZE {
             return Some(pytorch);
         }
-        let floor = (self.shared.hwm() / ADAPTIVE_DIVISOR).clamp(LARGE_BUFFER, ADAPTIVE_MAX);
+        // This stream's own high-water mark, but at least half the device's: streams
+        // taking turns still get segments large enough to share (measured: the
+        // device's alone over-sizes a side stream's segments, the stream's alone
+        // under-sizes those of streams in rotation; benches/README.md).
+        let mark = self.reserved_hwm.max(self.shared.hwm() / 2);
+        let floor = (mark / ADAPTIVE_DIVISOR).clamp(LARGE_BUFFER, ADAPTIVE_MAX);
         let exact = rounded.checked_next_multiple_of(ROUND_LARGE)?;
         Some(exact.max(floor.next_multiple_of(ROUND_LARGE)))
     }
@@ -408,16 +528,18 @@ impl State {
         kind: PoolKind,
         others_released: bool,
         peers: &dyn Peers,
-    ) -> Result<Option<BlockId>, Error> {
+    ) -> Result<Option<Grant>, Error> {
         // Merge the hot cache first: its blocks may combine into a fit.
         if self.flush_hot() {
             if let Some(id) = self.get_free_block(stream, kind, rounded) {
-                return Ok(Some(id));
+                return Ok(Some(Grant::Own(id)));
             }
         }
         let expandable = self.config.expandable_segments;
         if expandable && !others_released {
-            return self.allocate_pages(dev, index, size, rounded, stream, kind, peers);
+            return Ok(self
+                .allocate_pages(dev, index, size, rounded, stream, kind, peers)?
+                .map(Grant::Own));
         }
         if !others_released {
             if self.gc_enabled() {
@@ -427,16 +549,22 @@ impl State {
                 if let Some(id) =
                     self.borrow_segment(dev, index, stream, kind, rounded, seg_size, peers)?
                 {
-                    return Ok(Some(id));
+                    return Ok(Some(Grant::Own(id)));
+                }
+            }
+            if self.config.lend_blocks && self.capturing.is_none() {
+                if let Some(ptr) = self.borrow_block(dev, index, size, rounded, stream, kind, peers)
+                {
+                    return Ok(Some(Grant::Lent(ptr)));
                 }
             }
             self.release_empty_before_growth(dev, index, seg_size, peers);
             if let Some(id) = self.alloc_block(dev, index, seg_size, stream, kind)? {
-                return Ok(Some(id));
+                return Ok(Some(Grant::Own(id)));
             }
             if self.release_available_cached_blocks(dev, index, stream, kind, rounded) {
                 if let Some(id) = self.alloc_block(dev, index, seg_size, stream, kind)? {
-                    return Ok(Some(id));
+                    return Ok(Some(Grant::Own(id)));
                 }
             }
             // Only releasing every cache (the other streams' too) can help now; not
@@ -458,7 +586,7 @@ impl State {
                 self.alloc_block(dev, index, seg_size, stream, kind)?
             };
             if let Some(id) = grown {
-                return Ok(Some(id));
+                return Ok(Some(Grant::Own(id)));
             }
         }
         let asked = if expandable {
@@ -628,11 +756,14 @@ impl State {
         let b = &mut self.blocks[id];
         debug_assert!(b.allocated);
         b.allocated = false;
-        let (st, size) = (b.kind.stat_type(), b.size);
+        let (st, size, lent) = (b.kind.stat_type(), b.size, b.lent);
         stats::decrease(&mut self.stats.allocation, st, 1);
         stats::decrease(&mut self.stats.allocated_bytes, st, size);
         if size >= self.config.max_split_size {
             self.stats.oversize_allocations.decrease(1);
+        }
+        if lent && self.return_lent(dev, index, id) {
+            return;
         }
         if self.blocks[id].stream_uses.is_empty() {
             self.free_block(id);
@@ -643,6 +774,29 @@ impl State {
         } else {
             self.insert_events(dev, index, id);
         }
+    }
+
+    /// A lent block freed by its borrower: back to this stream's pool at once (the
+    /// caller continues as for any free), marked dirty until a fence on the borrower
+    /// completes, so that whoever takes it sooner waits on the device. Returns true if
+    /// it was kept back instead: no event may be recorded on a capturing borrower, so
+    /// the block waits for the next full synchronisation (cache release or OOM retry).
+    #[cold]
+    fn return_lent(&mut self, dev: &dyn Device, index: DeviceIndex, id: BlockId) -> bool {
+        let b = &mut self.blocks[id];
+        b.lent = false;
+        let borrower = b.stream_uses.remove(0);
+        if self.shared.is_capturing(borrower) {
+            let b = &mut self.blocks[id];
+            b.stream_uses.clear();
+            b.event_count += 1;
+            self.parked.push(id);
+            return true;
+        }
+        let epoch = self.fence(dev, index, borrower);
+        self.dirty.add(id, borrower, epoch);
+        self.blocks[id].dirty = true;
+        false
     }
 
     /// Records one event per other stream the block was used on.
@@ -691,7 +845,7 @@ impl State {
         // Only small-pool blocks: parking large blocks unmerged changes where later
         // large requests land and costs reserve (measured on the shipped traces).
         let b = &self.blocks[id];
-        let small = b.kind == PoolKind::Small && b.pool == 0 && self.config.hot_cache;
+        let small = b.kind == PoolKind::Small && b.pool == 0 && self.config.hot_cache && !b.dirty;
         let hot = &mut self.pools.get_or_default((stream, 0)).hot;
         if small && hot.len() < HOT_CAPACITY {
             hot.push((size, id));
@@ -777,6 +931,10 @@ impl State {
         }
         self.pool_remove(src);
         let s = self.blocks.remove(src);
+        if s.dirty {
+            self.dirty.merge_into(dst, src);
+            self.blocks[dst].dirty = true;
+        }
         let d = &mut self.blocks[dst];
         if d.prev == Some(src) {
             d.ptr = s.ptr;
@@ -831,7 +989,11 @@ impl State {
     ) -> Result<(), Error> {
         match self.blocks.get_mut(id) {
             Some(b) if b.allocated && b.ptr == ptr => {
-                b.stream_uses.retain(|s| *s != stream);
+                // A borrower is the allocation's stream to the caller: never erased.
+                let borrower = b.lent.then(|| b.stream_uses[0]);
+                if borrower != Some(stream) {
+                    b.stream_uses.retain(|s| *s != stream);
+                }
                 Ok(())
             }
             _ => Err(Error::UnknownPointer { ptr }),
@@ -842,10 +1004,11 @@ impl State {
     pub fn process_events(&mut self, dev: &dyn Device, index: DeviceIndex) {
         let mut ready = Vec::new();
         let events = &mut self.events;
-        self.pending.poll(dev, index, |ev, id| {
+        self.pending.poll(dev, index, |_, ev, id| {
             events.put(ev);
             ready.push(id);
         });
+        self.fences.poll(dev, index, |ev| events.put(ev));
         for id in ready {
             self.event_done(id);
         }
@@ -884,6 +1047,13 @@ impl State {
                 Err(e) => first_err = Some(e),
             }
         }
+        let events = &mut self.events;
+        if let Err(e) = self
+            .fences
+            .synchronize(dev, index, None, |ev| events.put(ev))
+        {
+            first_err.get_or_insert(e);
+        }
         for (s, ev, id) in self.pending.drain() {
             match dev.event_synchronize(index, ev) {
                 Ok(()) => {
@@ -916,6 +1086,12 @@ impl State {
     ) -> Result<(), Error> {
         let b = &self.blocks[id];
         debug_assert!(b.is_free() && !b.is_split());
+        for &(s, epoch) in self.dirty.get(id) {
+            if !self.fences.is_clear(s, epoch) {
+                // Work queued there may still use it; device frees need not wait for it.
+                dev.synchronize_stream(index, s)?;
+            }
+        }
         let range = self
             .markers
             .range(|| format!("npualloc.device_free {}B dev{index}", b.size));
@@ -925,6 +1101,7 @@ impl State {
         let (kind, size) = (b.kind, b.size);
         self.pool_remove(id);
         self.blocks.remove(id);
+        self.dirty.take(id);
         self.shared.unreserve(size);
         self.segment_removed(kind, size);
         self.stats.num_device_free += 1;
@@ -934,6 +1111,7 @@ impl State {
     /// Counts a segment this shard now holds: reserved bytes and segment statistics.
     fn segment_added(&mut self, kind: PoolKind, size: usize) {
         self.reserved += size;
+        self.reserved_hwm = self.reserved_hwm.max(self.reserved);
         let st = kind.stat_type();
         stats::increase(&mut self.stats.segment, st, 1);
         stats::increase(&mut self.stats.reserved_bytes, st, size);
@@ -1084,23 +1262,12 @@ impl State {
         let limit = seg_size.saturating_mul(LEND_SIZE_FACTOR);
         let mut lent = None;
         peers.visit(&mut |other| {
-            lent = other.lend_segment(kind, rounded, limit);
+            lent = other.lend_segment(dev, index, kind, rounded, limit, stream);
             lent.is_none()
         });
-        let Some((ptr, size, from)) = lent else {
+        let Some((ptr, size)) = lent else {
             return Ok(None);
         };
-        let ordered = self.events.get(dev, index).and_then(|ev| {
-            let r = dev
-                .event_record(index, ev, from)
-                .and_then(|_| dev.stream_wait_event(index, stream, ev));
-            self.events.put(ev);
-            r
-        });
-        if ordered.is_err() {
-            // Without the device-side order, wait on the host instead.
-            dev.synchronize_device(index)?;
-        }
         self.segment_added(kind, size);
         Ok(Some(
             self.blocks.insert(Block::segment(ptr, size, stream, kind)),
@@ -1108,13 +1275,18 @@ impl State {
     }
 
     /// Gives up the smallest wholly free cached segment of `kind` holding at least
-    /// `size` bytes (and at most `limit`) to another stream: (address, size, this stream).
+    /// `size` bytes (and at most `limit`) to stream `borrower`, ordered on the device
+    /// after the work queued on this stream (and on any stream it is dirty on):
+    /// (address, size).
     pub fn lend_segment(
         &mut self,
+        dev: &dyn Device,
+        index: DeviceIndex,
         kind: PoolKind,
         size: usize,
         limit: usize,
-    ) -> Option<(DevicePtr, usize, StreamHandle)> {
+        borrower: StreamHandle,
+    ) -> Option<(DevicePtr, usize)> {
         if self.capturing.is_some() {
             return None;
         }
@@ -1125,10 +1297,94 @@ impl State {
             .flat_map(|(_, p)| p.get(kind).iter())
             .filter(|&(s, _, id)| s >= size && s <= limit && self.is_whole_segment(id))
             .min_by_key(|&(s, p, _)| (s, p))?;
+        let own = self.blocks[id].stream;
+        self.order_after(dev, index, borrower, own).ok()?;
+        self.wait_for_dirty(dev, index, id, borrower).ok()?;
         self.pool_remove(id);
         let b = self.blocks.remove(id);
+        self.dirty.take(id);
         self.segment_removed(kind, bsize);
-        Some((b.ptr, bsize, b.stream))
+        Some((b.ptr, bsize))
+    }
+
+    /// Serves a request of `rounded` bytes made on stream `borrower` from this shard's
+    /// free blocks (best fit, as for its own requests). The block stays this shard's,
+    /// allocated, with `borrower` recorded as a user, so that once freed it comes back
+    /// only after the borrower's work on it; the borrower first waits on the device for
+    /// the work queued on this stream so far.
+    pub fn lend_block(
+        &mut self,
+        dev: &dyn Device,
+        index: DeviceIndex,
+        kind: PoolKind,
+        size: usize,
+        rounded: usize,
+        borrower: StreamHandle,
+    ) -> Option<DevicePtr> {
+        if self.capturing.is_some() {
+            return None;
+        }
+        let own = self
+            .pools
+            .iter()
+            .find(|((_, tag), _)| *tag == 0)
+            .map(|((s, _), _)| *s)?;
+        let id = self.get_free_block(own, kind, rounded)?;
+        if self.order_after(dev, index, borrower, own).is_err() {
+            self.pool_insert(id);
+            return None;
+        }
+        let ptr = self
+            .hand_out(dev, index, id, size, rounded, borrower)
+            .ok()?;
+        let id = *self.ptrs.get(&ptr)?;
+        let b = &mut self.blocks[id];
+        b.lent = true;
+        b.stream_uses.insert(0, borrower);
+        Some(ptr)
+    }
+
+    /// Block lending, the borrower's side: another stream's free block for this
+    /// request (see `lend_block`).
+    #[allow(clippy::too_many_arguments)]
+    fn borrow_block(
+        &mut self,
+        dev: &dyn Device,
+        index: DeviceIndex,
+        size: usize,
+        rounded: usize,
+        stream: StreamHandle,
+        kind: PoolKind,
+        peers: &dyn Peers,
+    ) -> Option<DevicePtr> {
+        let mut lent = None;
+        peers.visit(&mut |other| {
+            lent = other.lend_block(dev, index, kind, size, rounded, stream);
+            lent.is_none()
+        });
+        lent
+    }
+
+    /// Makes `stream` wait on the device for the work queued on `from` so far (an
+    /// event recorded on `from`); without events, on the host.
+    fn order_after(
+        &mut self,
+        dev: &dyn Device,
+        index: DeviceIndex,
+        stream: StreamHandle,
+        from: StreamHandle,
+    ) -> Result<(), Error> {
+        let ordered = self.events.get(dev, index).and_then(|ev| {
+            let r = dev
+                .event_record(index, ev, from)
+                .and_then(|_| dev.stream_wait_event(index, stream, ev));
+            self.events.put(ev);
+            r
+        });
+        if ordered.is_err() {
+            dev.synchronize_device(index)?;
+        }
+        Ok(())
     }
 
     /// Releases wholly empty cached segments idle long enough (largest first: the
@@ -1147,7 +1403,10 @@ impl State {
             .flat_map(|(_, p)| p.small.iter().chain(p.large.iter()))
             .filter(|&(_, _, id)| {
                 let b = &self.blocks[id];
-                self.is_whole_segment(id) && self.malloc_calls - b.freed_at >= min_idle
+                // A dirty segment would need a host synchronisation first: not here.
+                self.is_whole_segment(id)
+                    && !self.is_dirty(id)
+                    && self.malloc_calls - b.freed_at >= min_idle
             })
             .map(|(s, _, id)| (s, id))
             .collect();
@@ -1182,7 +1441,10 @@ impl State {
             .position(|&(s, at)| s == size && now - at <= window)
         {
             self.recent_reclaims.remove(i);
-            self.reclaim_min_idle = (self.reclaim_min_idle * 2).max(MIN_RECLAIM_IDLE);
+            self.reclaim_min_idle = self
+                .reclaim_min_idle
+                .saturating_mul(2)
+                .max(MIN_RECLAIM_IDLE);
         }
     }
 
@@ -1245,7 +1507,7 @@ impl State {
 
     /// Frees waiting for events or a synchronisation.
     pub fn pending_count(&self) -> usize {
-        self.pending.len() + self.parked.len() + self.deferred.len()
+        self.pending.len() + self.parked.len() + self.deferred.len() + self.fences.len()
     }
 
     pub fn stats_snapshot(&self) -> DeviceStats {

@@ -11,7 +11,12 @@
 //!   stream's free list or, marked `hot`, in its stream's hot cache; no two free blocks
 //!   outside the hot cache are neighbours;
 //! - blocks of an expandable segment (`vm != 0`) cover mapped pages only;
-//! - `stream_uses` never contains the block's own stream, and is empty unless allocated.
+//! - `stream_uses` never contains the block's own stream, and is empty unless allocated;
+//! - `lent` (handed to a caller on another stream, the borrower) is set only while
+//!   allocated, and the borrower is then `stream_uses[0]`;
+//! - `dirty` (streams it was lent to may still have work on it queued: the marks are in
+//!   the shard's `crate::stream::DirtyMarks`) is set exactly when the block has marks,
+//!   never while allocated, and keeps a block out of the hot cache.
 
 use smallvec::SmallVec;
 
@@ -85,6 +90,11 @@ pub struct Block {
     /// The expandable segment holding the block: 0 for an ordinary device allocation,
     /// else its index in the shard's segment table plus one.
     pub vm: u32,
+    /// Handed to a caller on another stream (the borrower, `stream_uses[0]`).
+    pub lent: bool,
+    /// Free, but streams it was lent to may still have work on it queued; whoever
+    /// takes it first waits on the device for them (see `crate::stream::fences`).
+    pub dirty: bool,
 }
 
 impl Block {
@@ -107,6 +117,8 @@ impl Block {
             hot: false,
             pool: 0,
             vm: 0,
+            lent: false,
+            dirty: false,
         }
     }
 

@@ -1,4 +1,6 @@
-//! Frees waiting for events: one FIFO per stream the blocks were used on.
+//! Things waiting for events: one FIFO per stream the events were recorded on. Frees
+//! waiting for the streams their blocks were used on are one kind (`PendingFrees`);
+//! the lending fences (`super::fences`) are the other.
 //!
 //! Events on one stream complete in the order they were recorded, so polling a FIFO
 //! stops at its first incomplete event; separate FIFOs per stream keep a slow stream
@@ -11,16 +13,28 @@ use rustc_hash::FxHashMap;
 use crate::device::{Device, DeviceIndex, EventHandle, StreamHandle};
 use crate::pool::BlockId;
 
-/// Per-stream FIFOs of (event, block) pairs.
-#[derive(Debug, Default)]
-pub struct PendingFrees {
-    queues: FxHashMap<StreamHandle, VecDeque<(EventHandle, BlockId)>>,
+/// Per-stream FIFOs of (event, item) pairs.
+#[derive(Debug)]
+pub struct EventQueues<T> {
+    queues: FxHashMap<StreamHandle, VecDeque<(EventHandle, T)>>,
     len: usize,
 }
 
-impl PendingFrees {
+/// Frees waiting for the events of the streams their blocks were used on.
+pub type PendingFrees = EventQueues<BlockId>;
+
+impl<T> Default for EventQueues<T> {
+    fn default() -> Self {
+        EventQueues {
+            queues: FxHashMap::default(),
+            len: 0,
+        }
+    }
+}
+
+impl<T: Copy> EventQueues<T> {
     /// Queues `block` behind `event`, recorded on `stream`.
-    pub fn push(&mut self, stream: StreamHandle, event: EventHandle, block: BlockId) {
+    pub fn push(&mut self, stream: StreamHandle, event: EventHandle, block: T) {
         self.queues
             .entry(stream)
             .or_default()
@@ -44,26 +58,26 @@ impl PendingFrees {
         &mut self,
         dev: &dyn Device,
         index: DeviceIndex,
-        mut done: impl FnMut(EventHandle, BlockId),
+        mut done: impl FnMut(StreamHandle, EventHandle, T),
     ) {
         if self.len == 0 {
             return;
         }
-        for q in self.queues.values_mut() {
+        for (&s, q) in self.queues.iter_mut() {
             while let Some(&(ev, block)) = q.front() {
                 if !matches!(dev.event_query(index, ev), Ok(true)) {
                     break;
                 }
                 q.pop_front();
                 self.len -= 1;
-                done(ev, block);
+                done(s, ev, block);
             }
         }
         self.queues.retain(|_, q| !q.is_empty());
     }
 
     /// Removes every pair (after the caller synchronised them).
-    pub fn drain(&mut self) -> Vec<(StreamHandle, EventHandle, BlockId)> {
+    pub fn drain(&mut self) -> Vec<(StreamHandle, EventHandle, T)> {
         self.len = 0;
         self.queues
             .drain()
@@ -72,7 +86,7 @@ impl PendingFrees {
     }
 
     /// Every queued pair, for inspection.
-    pub fn iter(&self) -> impl Iterator<Item = (StreamHandle, EventHandle, BlockId)> + '_ {
+    pub fn iter(&self) -> impl Iterator<Item = (StreamHandle, EventHandle, T)> + '_ {
         self.queues
             .iter()
             .flat_map(|(s, q)| q.iter().map(move |&(e, b)| (*s, e, b)))

@@ -74,12 +74,13 @@ fn segment_sizes_follow_pytorch() {
 
 #[test]
 fn blocks_are_not_shared_between_streams() {
-    // PyTorch's policy: the idle segment of stream 0 stays cached.
+    // PyTorch's policy: the idle segment of stream 0 stays cached and its free blocks
+    // are not lent.
     let (sim, a) = with(
         1 << 30,
         SimMode::Manual,
         false,
-        "reclaim_before_growth:False",
+        "reclaim_before_growth:False,lend_blocks:False",
     );
     let s1 = sim.create_stream(0).unwrap();
     let p = a.malloc(4096, S0).unwrap();
@@ -271,7 +272,7 @@ fn garbage_collection_frees_old_cached_blocks_under_a_fraction() {
         100 * MIB,
         SimMode::Manual,
         false,
-        "garbage_collection_threshold:0.5,lend_segments:False",
+        "garbage_collection_threshold:0.5,lend_segments:False,lend_blocks:False",
     );
     a.set_memory_fraction(1.0).unwrap();
     let big = a.malloc(40 * MIB, S0).unwrap();

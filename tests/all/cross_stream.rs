@@ -206,8 +206,8 @@ fn seed_run(
     b.iter().all(|&x| x == 1.0)
 }
 
-fn seed_setup() -> (Arc<SimDevice>, CachingAllocator, StreamHandle, usize) {
-    let (sim, a) = with(1 << 30, SimMode::Threaded, true, "");
+fn seed_setup(conf: &str) -> (Arc<SimDevice>, CachingAllocator, StreamHandle, usize) {
+    let (sim, a) = with(1 << 30, SimMode::Threaded, true, conf);
     let second = sim.create_stream(0).unwrap();
     let scratch = a.malloc(64 * 64 * 4, second).unwrap();
     sim.memory(0).unwrap().fill_f32(scratch, 64 * 64, 0.5);
@@ -216,7 +216,8 @@ fn seed_setup() -> (Arc<SimDevice>, CachingAllocator, StreamHandle, usize) {
 
 #[test]
 fn seed_scenario_with_record_stream_is_always_correct() {
-    let (sim, a, second, scratch) = seed_setup();
+    // Default settings: the default stream borrows blocks of second_stream's segment.
+    let (sim, a, second, scratch) = seed_setup("");
     for run in 0..1000 {
         assert!(
             seed_run(&sim, &a, second, scratch, true),
@@ -231,8 +232,9 @@ fn seed_scenario_with_record_stream_is_always_correct() {
 #[test]
 fn seed_scenario_without_record_stream_corrupts() {
     // Proves the mechanism matters: without record_stream, C reuses A's memory while
-    // second_stream still has to read it.
-    let (sim, a, second, scratch) = seed_setup();
+    // second_stream still has to read it. Without lending: a borrowed block would make
+    // the default stream wait for second_stream, which hides the missing record.
+    let (sim, a, second, scratch) = seed_setup("lend_blocks:False");
     let corrupted = (0..50)
         .filter(|_| !seed_run(&sim, &a, second, scratch, false))
         .count();

@@ -1,5 +1,6 @@
-//! Cross-stream lending: a stream borrows another stream's idle cached segment instead
-//! of allocating, ordered on the device by an event, never waiting on the host.
+//! Cross-stream lending: a stream borrows another stream's idle cached segment, or a
+//! free block of it, instead of allocating, ordered on the device by events, never
+//! waiting on the host.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -47,7 +48,7 @@ fn lending_is_off_when_asked() {
         1 << 30,
         SimMode::Manual,
         false,
-        "lend_segments:False,reclaim_before_growth:False",
+        "lend_segments:False,lend_blocks:False,reclaim_before_growth:False",
     );
     let s1 = sim.create_stream(0).unwrap();
     let x = a.malloc(30 * MIB, StreamHandle::DEFAULT).unwrap();
@@ -112,5 +113,232 @@ fn borrowed_memory_is_used_only_after_the_lenders_work() {
     assert!(lent >= 10, "only {lent} of 20 rounds borrowed the segment");
     check(&a);
     assert_eq!(sim.counters(0).violations, 0);
+    assert_drained(&sim, &a);
+}
+
+const S0: StreamHandle = StreamHandle::DEFAULT;
+
+#[test]
+fn a_stream_borrows_a_free_block_of_another_streams_segment() {
+    let (sim, a) = manual(1 << 30);
+    let s1 = sim.create_stream(0).unwrap();
+    let anchor = a.malloc(4 * MIB, S0).unwrap(); // keeps the segment from being lent whole
+    sim.launch(0, S0, |_| {}).unwrap(); // work queued on stream 0
+    let records = sim.counters(0).event_records;
+    let q = a.malloc(8 * MIB, s1).unwrap();
+    assert_eq!(
+        a.base_allocation(q).unwrap().0,
+        a.base_allocation(anchor).unwrap().0,
+        "not served from stream 0's segment"
+    );
+    assert_eq!(a.stats().num_device_alloc, 1, "lending must not allocate");
+    assert_eq!(sim.counters(0).event_records, records + 1);
+    assert_eq!(
+        sim.pending(0, s1).unwrap(),
+        1,
+        "stream 1 must wait on the device"
+    );
+    assert_eq!(
+        sim.counters(0).synchronizations,
+        0,
+        "the host must not wait"
+    );
+    check(&a);
+
+    // Freed on stream 1: back in stream 0's pool at once, with a fence on stream 1.
+    sim.launch(0, s1, |_| {}).unwrap();
+    a.free(q).unwrap();
+    assert_eq!(
+        sim.counters(0).event_records,
+        records + 2,
+        "no fence recorded"
+    );
+    check(&a);
+    // Stream 0 takes it before stream 1 ran: it waits on the device for stream 1.
+    let before = sim.pending(0, S0).unwrap();
+    let r = a.malloc(8 * MIB, S0).unwrap();
+    assert_eq!(r, q);
+    assert_eq!(
+        sim.pending(0, S0).unwrap(),
+        before + 1,
+        "stream 0 did not wait"
+    );
+    assert_eq!(a.stats().num_device_alloc, 1);
+    a.free(r).unwrap();
+
+    // Once stream 1 has run past the fence, taking it needs no wait.
+    // (Manual stepping: each stream waits on the other once, so step both twice.)
+    for s in [s1, S0, s1, S0] {
+        sim.complete_stream(0, s).unwrap();
+    }
+    assert_eq!(sim.pending(0, S0).unwrap() + sim.pending(0, s1).unwrap(), 0);
+    let warm = a.malloc(512, S0).unwrap(); // polls the fence
+    let before = sim.pending(0, S0).unwrap();
+    let r = a.malloc(8 * MIB, S0).unwrap();
+    assert_eq!(
+        sim.pending(0, S0).unwrap(),
+        before,
+        "a clean block made stream 0 wait"
+    );
+    assert_eq!(sim.counters(0).synchronizations, 0);
+    check(&a);
+    for p in [r, warm, anchor] {
+        a.free(p).unwrap();
+    }
+    assert_drained(&sim, &a);
+}
+
+#[test]
+fn block_lending_is_off_when_asked() {
+    let (sim, a) = with(1 << 30, SimMode::Manual, false, "lend_blocks:False");
+    let s1 = sim.create_stream(0).unwrap();
+    let anchor = a.malloc(4 * MIB, S0).unwrap();
+    let q = a.malloc(8 * MIB, s1).unwrap();
+    assert_ne!(
+        a.base_allocation(q).unwrap().0,
+        a.base_allocation(anchor).unwrap().0
+    );
+    assert_eq!(a.stats().num_device_alloc, 2);
+    assert_eq!(sim.pending(0, s1).unwrap(), 0);
+    a.free(q).unwrap();
+    a.free(anchor).unwrap();
+    assert_drained(&sim, &a);
+}
+
+/// Real asynchronous streams and memory: a lent block is written by the borrower only
+/// after the lender's kernel on it finished, and taken back by the lender only after
+/// the borrower's kernel on it finished.
+#[test]
+fn a_lent_block_is_ordered_after_the_lender_and_back_after_the_borrower() {
+    let (sim, a) = with(1 << 30, SimMode::Threaded, true, "");
+    let s1 = sim.create_stream(0).unwrap();
+    let log: Log = Arc::default();
+    const N: usize = 1024;
+    let anchor = a.malloc(4 * MIB, S0).unwrap();
+    let mut lent = 0;
+    for round in 0..20 {
+        let v = round as f32;
+        let x = a.malloc(8 * MIB, S0).unwrap();
+        let l = log.clone();
+        sim.launch(0, S0, move |m: &SimMemory| {
+            let t = Instant::now();
+            std::thread::sleep(Duration::from_millis(2));
+            m.fill_f32(x, N, v);
+            l.lock().push(("lender", t, Instant::now()));
+        })
+        .unwrap();
+        a.free(x).unwrap(); // the lender's kernel is still running
+        let y = a.malloc(8 * MIB, s1).unwrap();
+        let l = log.clone();
+        sim.launch(0, s1, move |m: &SimMemory| {
+            let t = Instant::now();
+            let seen = m.read_f32(y, 1).unwrap()[0];
+            std::thread::sleep(Duration::from_millis(2));
+            m.fill_f32(y, N, seen + 100.0);
+            l.lock().push(("borrower", t, Instant::now()));
+        })
+        .unwrap();
+        a.free(y).unwrap(); // the borrower's kernel is still running
+        let z = a.malloc(8 * MIB, S0).unwrap();
+        let (l, out) = (log.clone(), a.malloc(N * 4, S0).unwrap());
+        sim.launch(0, S0, move |m: &SimMemory| {
+            let t = Instant::now();
+            let d = m.read_f32(z, N).unwrap();
+            m.write_f32(out, &d);
+            l.lock().push(("retaker", t, Instant::now()));
+        })
+        .unwrap();
+        sim.synchronize_device(0).unwrap();
+        if y == x && z == y {
+            lent += 1;
+            let l = log.lock();
+            let at = |n: &str| *l.iter().find(|e| e.0 == n).unwrap();
+            assert!(
+                at("borrower").1 >= at("lender").2,
+                "round {round}: borrower early"
+            );
+            assert!(
+                at("retaker").1 >= at("borrower").2,
+                "round {round}: retaker early"
+            );
+            let got = sim.memory(0).unwrap().read_f32(out, N).unwrap();
+            assert!(
+                got.iter().all(|&d| d == v + 100.0),
+                "round {round}: {got:?}"
+            );
+        }
+        log.lock().clear();
+        a.free(z).unwrap();
+        a.free(out).unwrap();
+    }
+    assert!(lent >= 10, "only {lent} of 20 rounds lent the block");
+    assert_eq!(
+        sim.counters(0).synchronizations,
+        20,
+        "only the test's own waits"
+    );
+    check(&a);
+    assert_eq!(sim.counters(0).violations, 0);
+    a.free(anchor).unwrap();
+    assert_drained(&sim, &a);
+}
+
+#[test]
+fn no_event_is_recorded_on_a_capturing_borrower() {
+    let (sim, a) = manual(1 << 30);
+    let s1 = sim.create_stream(0).unwrap();
+    let anchor = a.malloc(4 * MIB, S0).unwrap();
+    let q = a.malloc(8 * MIB, s1).unwrap();
+    assert_eq!(
+        a.base_allocation(q).unwrap().0,
+        a.base_allocation(anchor).unwrap().0
+    );
+    a.begin_allocate_to_pool((7, 7), s1).unwrap();
+    let (records, queued) = (sim.counters(0).event_records, sim.pending(0, s1).unwrap());
+    a.free(q).unwrap();
+    assert_eq!(
+        sim.counters(0).event_records,
+        records,
+        "an event during a capture"
+    );
+    assert_eq!(sim.pending(0, s1).unwrap(), queued);
+    // Kept until the next full synchronisation: stream 0 cannot take it yet.
+    let r = a.malloc(8 * MIB, S0).unwrap();
+    assert_ne!(r, q);
+    check(&a);
+    a.end_allocate_to_pool((7, 7)).unwrap();
+    a.release_pool((7, 7)).unwrap();
+    a.free(r).unwrap();
+    a.free(anchor).unwrap();
+    assert_drained(&sim, &a);
+}
+
+#[test]
+fn a_capture_begins_only_after_fences_on_its_stream_completed() {
+    let (sim, a) = manual(1 << 30);
+    let s1 = sim.create_stream(0).unwrap();
+    let anchor = a.malloc(4 * MIB, S0).unwrap();
+    let q = a.malloc(8 * MIB, s1).unwrap();
+    sim.launch(0, s1, |_| {}).unwrap();
+    a.free(q).unwrap(); // dirty on stream 1, fence queued behind the kernel
+    a.begin_allocate_to_pool((7, 7), s1).unwrap();
+    assert_eq!(
+        sim.pending(0, s1).unwrap(),
+        0,
+        "the fence was not waited for"
+    );
+    // Clean now: stream 0 takes it without waiting on the capturing stream.
+    let before = (sim.pending(0, S0).unwrap(), sim.counters(0).event_records);
+    let r = a.malloc(8 * MIB, S0).unwrap();
+    assert_eq!(r, q);
+    assert_eq!(
+        (sim.pending(0, S0).unwrap(), sim.counters(0).event_records),
+        before
+    );
+    check(&a);
+    a.end_allocate_to_pool((7, 7)).unwrap();
+    a.release_pool((7, 7)).unwrap();
+    a.free(r).unwrap();
+    a.free(anchor).unwrap();
     assert_drained(&sim, &a);
 }

@@ -1,5 +1,7 @@
 //! Property tests: random operation sequences on several streams, invariants after
-//! every step, and no reuse of a block before the streams that used it completed.
+//! every step, and no reuse of a block by any stream before the streams that used it
+//! ran past their use, or before the reusing stream is ordered after that on the
+//! device (cross-stream lending makes streams wait on each other's events).
 
 use proptest::prelude::*;
 
@@ -50,12 +52,13 @@ struct Live {
     uses: Vec<usize>,
 }
 
-/// A freed range that must not be handed out before `stream` ran past `op_index`.
+/// A freed range that no other stream may get before `stream` ran past its operation
+/// `op` (or is ordered after it on the device).
 struct Guard {
     start: usize,
     end: usize,
     stream: usize,
-    op_index: u64,
+    op: u64,
 }
 
 /// Runs `ops` with settings `conf`; returns how many device allocations they needed.
@@ -70,39 +73,48 @@ fn run(ops: Vec<Op>, conf: &str) -> Result<u64, TestCaseError> {
     let streams: Vec<StreamHandle> = std::iter::once(StreamHandle::DEFAULT)
         .chain((0..2).map(|_| sim.create_stream(0).unwrap()))
         .collect();
-    let mut queued = [0u64; 3]; // ops queued per stream
     let mut live: Vec<Live> = Vec::new();
     let mut guards: Vec<Guard> = Vec::new();
-    let mut ran_upto = [0u64; 3]; // ops known to have run per stream
+    // The last operation queued on stream `s`, and whether it has run.
+    let queued = |s: usize| sim.position(0, streams[s]).unwrap().0;
+    let ran = |s: usize, op: u64| sim.position(0, streams[s]).unwrap().1 >= op;
     const POOL: (u64, u64) = (1, 1);
     let mut capturing: Option<usize> = None; // the stream allocating to the pool
     let mut pool_uses = 0;
-    // Frees on the capturing stream record their events only when the capture ends.
-    let mut deferred: Vec<(usize, usize, Vec<usize>)> = Vec::new();
 
     for op in ops {
-        let syncs_before = sim.counters(0).synchronizations;
+        let frees_before = sim.counters(0).frees;
         match op {
             Op::Malloc { size, stream } => match a.malloc(size, streams[stream]) {
                 Ok(ptr) => {
                     let end = ptr + size;
+                    if sim.counters(0).frees != frees_before {
+                        // A device free synchronises the device on CUDA and ACL (the
+                        // simulated one leaves queued work queued): everything queued
+                        // before it ran, so no earlier guard can be violated.
+                        guards.clear();
+                    }
                     for l in &live {
                         prop_assert!(
                             end <= l.ptr || ptr >= l.ptr + l.size,
                             "overlapping allocations"
                         );
                     }
-                    // Fold in synchronisations the malloc did (OOM retry) before judging.
-                    if sim.counters(0).synchronizations != syncs_before {
-                        ran_upto = queued;
-                    }
                     for g in &guards {
                         let overlaps = ptr < g.end && end > g.start;
-
+                        let ordered = ran(g.stream, g.op)
+                            || sim
+                                .ordered_after(0, streams[stream], streams[g.stream], g.op)
+                                .unwrap();
                         prop_assert!(
-                            !overlaps || ran_upto[g.stream] >= g.op_index,
-                            "block reused before stream {} finished its work",
-                            g.stream
+                            !overlaps || ordered,
+                            "block reused on stream {stream} before stream {} finished its work \
+                             (its op {}, at {:?}; new block {ptr:#x}+{size}, freed {:#x}..{:#x})",
+                            g.stream,
+                            g.op,
+                            sim.position(0, streams[g.stream]).unwrap(),
+                            g.start,
+                            g.end
                         );
                     }
                     live.push(Live {
@@ -117,23 +129,18 @@ fn run(ops: Vec<Op>, conf: &str) -> Result<u64, TestCaseError> {
             },
             Op::Free { pick } if !live.is_empty() => {
                 let l = live.swap_remove(pick % live.len());
+                // Work queued so far on the allocation's stream and on the streams it
+                // was used on may use it: no other stream may get it before that ran.
+                for s in std::iter::once(l.stream).chain(l.uses.iter().copied()) {
+                    guards.push(Guard {
+                        start: l.ptr,
+                        end: l.ptr + l.size,
+                        stream: s,
+                        op: queued(s),
+                    });
+                }
                 a.free(l.ptr)
                     .map_err(|e| TestCaseError::fail(e.to_string()))?;
-                if capturing == Some(l.stream) && !l.uses.is_empty() {
-                    // Frees on the capturing stream record their events when it ends.
-                    deferred.push((l.ptr, l.ptr + l.size, l.uses));
-                } else {
-                    // The free queued one event record on each used stream.
-                    for &s in &l.uses {
-                        guards.push(Guard {
-                            start: l.ptr,
-                            end: l.ptr + l.size,
-                            stream: s,
-                            op_index: queued[s] + 1,
-                        });
-                        queued[s] += 1;
-                    }
-                }
             }
             Op::Record { pick, stream } if !live.is_empty() => {
                 let i = pick % live.len();
@@ -144,19 +151,15 @@ fn run(ops: Vec<Op>, conf: &str) -> Result<u64, TestCaseError> {
             }
             Op::Launch { stream } => {
                 sim.launch(0, streams[stream], |_| {}).unwrap();
-                queued[stream] += 1;
             }
             Op::Complete { stream } => {
                 sim.complete_stream(0, streams[stream]).unwrap();
-                ran_upto[stream] = queued[stream];
             }
             Op::Step { stream } => {
-                let n = sim.step(0, streams[stream], 1).unwrap() as u64;
-                ran_upto[stream] += n;
+                sim.step(0, streams[stream], 1).unwrap();
             }
             Op::EmptyCache => {
                 a.empty_cache().unwrap();
-                ran_upto = queued;
             }
             Op::BeginPool { stream } if capturing.is_none() => {
                 a.begin_allocate_to_pool(POOL, streams[stream]).unwrap();
@@ -166,24 +169,10 @@ fn run(ops: Vec<Op>, conf: &str) -> Result<u64, TestCaseError> {
             Op::EndPool if capturing.is_some() => {
                 a.end_allocate_to_pool(POOL).unwrap();
                 capturing = None;
-                for (start, end, uses) in deferred.drain(..) {
-                    for s in uses {
-                        guards.push(Guard {
-                            start,
-                            end,
-                            stream: s,
-                            op_index: queued[s] + 1,
-                        });
-                        queued[s] += 1;
-                    }
-                }
             }
             _ => {}
         }
-        if sim.counters(0).synchronizations != syncs_before {
-            ran_upto = queued;
-        }
-        guards.retain(|g| ran_upto[g.stream] < g.op_index);
+        guards.retain(|g| !ran(g.stream, g.op));
         a.check_invariants().map_err(TestCaseError::fail)?;
     }
 

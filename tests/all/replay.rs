@@ -377,6 +377,46 @@ fn derived_multi_stream_cases_replay_cleanly() {
     }
 }
 
+/// Issue #8's multi-stream target, as a counting test: with default settings every
+/// derived case that any allocator can bring to 1.15x (pending floor at most 1.15)
+/// reserves at most 1.15x its peak requested bytes, with no host synchronisation, and
+/// lending beats keeping each stream's memory to itself.
+#[test]
+fn lending_keeps_every_reachable_multi_stream_case_within_1_15() {
+    use npualloc::trace::derive::{derive, CASES};
+    let run = |t: &trace::Trace, conf: &str| {
+        let opts = ReplayOptions {
+            conf: conf.into(),
+            ..ReplayOptions::default()
+        };
+        replay(t, &opts, |_| {}).unwrap()
+    };
+    let mut reachable = 0;
+    for name in ["bert_train", "gpt2_infer", "resnet50_train", "t5_train"] {
+        let base = load(&format!("{name}.trace"));
+        for case in CASES {
+            let t = derive(&base, case).unwrap();
+            let on = run(&t, "");
+            let off = run(&t, "lend_segments:False,lend_blocks:False");
+            let ratio = |r: &npualloc::replay::ReplayReport| {
+                r.peak_reserved as f64 / r.peak_requested as f64
+            };
+            let floor = on.pending_floor as f64 / on.peak_requested as f64;
+            assert_eq!(on.host_syncs, 0, "{name} {case}");
+            assert_eq!(on.invariants, Ok(()), "{name} {case}");
+            assert!(
+                ratio(&on) <= ratio(&off),
+                "{name} {case}: lending cost memory"
+            );
+            if floor <= 1.15 {
+                reachable += 1;
+                assert!(ratio(&on) <= 1.15, "{name} {case}: {:.3}", ratio(&on));
+            }
+        }
+    }
+    assert_eq!(reachable, 9);
+}
+
 #[test]
 fn cli_derive_writes_a_valid_trace() {
     let dir = tempdir("cli-derive");

@@ -240,6 +240,43 @@ static void test_lending(void) {
   CHECK(npualloc_check_invariants(0) == NPUALLOC_OK);
 }
 
+/* Block lending: a stream with no fit takes a free block of another stream's segment
+ * (no device allocation; one ordering event); freed, the block goes straight back to
+ * the lender (one fence event) and the lender takes it again ordered after the
+ * borrower's work (one more event), with no host wait and no misuse. */
+static void test_block_lending(void) {
+  npualloc_stream lender = NULL, borrower = NULL;
+  CHECK(ctl_create_stream(0, &lender) == NPUALLOC_OK);
+  CHECK(ctl_create_stream(0, &borrower) == NPUALLOC_OK);
+  npualloc_empty_cache(true);
+  size_t mib = (size_t)1 << 20;
+  void *anchor = npualloc_malloc(4 * mib, 0, lender);
+  CHECK(anchor != NULL);
+  ctl_counters c0, c1, c2, c3;
+  CHECK(ctl_get_counters(0, &c0) == NPUALLOC_OK);
+  void *q = npualloc_malloc(8 * mib, 0, borrower);
+  CHECK(q != NULL);
+  CHECK(ctl_get_counters(0, &c1) == NPUALLOC_OK);
+  CHECK(c1.mallocs == c0.mallocs);
+  CHECK(c1.event_records == c0.event_records + 1);
+  CHECK(ctl_launch(0, borrower, 2) == NPUALLOC_OK); /* work on q still queued */
+  npualloc_free(q, 8 * mib, 0, borrower);
+  CHECK(ctl_get_counters(0, &c2) == NPUALLOC_OK);
+  CHECK(c2.event_records == c1.event_records + 1);
+  void *r = npualloc_malloc(8 * mib, 0, lender);
+  CHECK(r == q);
+  CHECK(ctl_get_counters(0, &c3) == NPUALLOC_OK);
+  CHECK(c3.mallocs == c0.mallocs);
+  CHECK(c3.event_records == c2.event_records + 1);
+  CHECK(c3.violations == 0);
+  CHECK(npualloc_check_invariants(0) == NPUALLOC_OK);
+  CHECK(ctl_complete(0, borrower) == NPUALLOC_OK);
+  CHECK(ctl_complete(0, lender) == NPUALLOC_OK);
+  npualloc_free(r, 8 * mib, 0, lender);
+  npualloc_free(anchor, 4 * mib, 0, lender);
+  CHECK(npualloc_check_invariants(0) == NPUALLOC_OK);
+}
+
 static void test_snapshot(const char *path) {
   void *p = npualloc_malloc(1000, 0, NULL);
   CHECK(npualloc_dump_snapshot(path) == NPUALLOC_OK);
@@ -291,6 +328,7 @@ int main(int argc, char **argv) {
   test_oom_observer();
   test_graph_pools();
   test_lending();
+  test_block_lending();
   test_snapshot(argc > 1 ? argv[1] : "/tmp/npualloc-c-snapshot.json");
   test_hooks_too_late();
   test_drained();
