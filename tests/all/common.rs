@@ -1,9 +1,12 @@
 //! Helpers shared by the integration tests.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use npualloc::device::sim::{SimConfig, SimDevice, SimMode};
-use npualloc::{CachingAllocator, Config};
+use parking_lot::Mutex;
+
+use npualloc::device::sim::{SimConfig, SimDevice, SimMemory, SimMode};
+use npualloc::{CachingAllocator, Config, StreamHandle};
 
 pub const MIB: usize = 1 << 20;
 
@@ -28,6 +31,38 @@ pub fn with(
     });
     let alloc = CachingAllocator::new(sim.clone(), 0, Config::parse(conf).unwrap()).unwrap();
     (sim, alloc)
+}
+
+/// Kernel runs: (name, start, end).
+pub type Log = Arc<Mutex<Vec<(&'static str, Instant, Instant)>>>;
+
+/// Queues a kernel that logs when it ran; `delay` makes it slow.
+pub fn kernel(
+    sim: &SimDevice,
+    s: StreamHandle,
+    log: &Log,
+    name: &'static str,
+    delay_ms: u64,
+    f: impl FnOnce(&SimMemory) + Send + 'static,
+) {
+    let log = log.clone();
+    sim.launch(0, s, move |m: &SimMemory| {
+        let start = Instant::now();
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        f(m);
+        log.lock().push((name, start, Instant::now()));
+    })
+    .unwrap();
+}
+
+/// When kernel `name` ran: (start, end).
+pub fn span(log: &Log, name: &str) -> (Instant, Instant) {
+    let l = log.lock();
+    let e = l
+        .iter()
+        .find(|e| e.0 == name)
+        .unwrap_or_else(|| panic!("{name} never ran"));
+    (e.1, e.2)
 }
 
 /// Asserts the allocator's invariants, with the failing one in the message.

@@ -3,17 +3,11 @@
 //! waiting on the host.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
-
-use npualloc::device::sim::{SimMemory, SimMode};
+use npualloc::device::sim::SimMode;
 use npualloc::{Device, StreamHandle};
 
 use crate::common::*;
-
-/// Kernel runs: (name, start, end).
-type Log = Arc<Mutex<Vec<(&'static str, Instant, Instant)>>>;
 
 #[test]
 fn a_stream_borrows_an_idle_segment_instead_of_allocating() {
@@ -69,33 +63,22 @@ fn borrowed_memory_is_used_only_after_the_lenders_work() {
     let mut lent = 0;
     for round in 0..20 {
         let x = a.malloc(30 * MIB, StreamHandle::DEFAULT).unwrap();
-        let l = log.clone();
         let v = round as f32;
-        sim.launch(0, StreamHandle::DEFAULT, move |m: &SimMemory| {
-            let t = Instant::now();
-            std::thread::sleep(Duration::from_millis(3));
+        kernel(&sim, StreamHandle::DEFAULT, &log, "lender", 3, move |m| {
             m.fill_f32(x, N, v);
-            l.lock().push(("lender", t, Instant::now()));
-        })
-        .unwrap();
+        });
         a.free(x).unwrap(); // the lender's kernel is still running
         let y = a.malloc(30 * MIB, s1).unwrap();
-        let (l, out) = (log.clone(), a.malloc(N * 4, s1).unwrap());
-        sim.launch(0, s1, move |m: &SimMemory| {
-            let t = Instant::now();
+        let out = a.malloc(N * 4, s1).unwrap();
+        kernel(&sim, s1, &log, "borrower", 0, move |m| {
             let d = m.read_f32(y, N).unwrap();
             m.write_f32(out, &d);
-            l.lock().push(("borrower", t, Instant::now()));
-        })
-        .unwrap();
+        });
         sim.synchronize_device(0).unwrap();
         if y == x {
             lent += 1;
-            let l = log.lock();
-            let lender = l.iter().find(|e| e.0 == "lender").unwrap();
-            let borrower = l.iter().find(|e| e.0 == "borrower").unwrap();
             assert!(
-                borrower.1 >= lender.2,
+                span(&log, "borrower").0 >= span(&log, "lender").1,
                 "round {round}: borrower ran before the lender finished"
             );
             assert!(sim
@@ -219,46 +202,29 @@ fn a_lent_block_is_ordered_after_the_lender_and_back_after_the_borrower() {
     for round in 0..20 {
         let v = round as f32;
         let x = a.malloc(8 * MIB, S0).unwrap();
-        let l = log.clone();
-        sim.launch(0, S0, move |m: &SimMemory| {
-            let t = Instant::now();
-            std::thread::sleep(Duration::from_millis(2));
+        kernel(&sim, S0, &log, "lender", 2, move |m| {
             m.fill_f32(x, N, v);
-            l.lock().push(("lender", t, Instant::now()));
-        })
-        .unwrap();
+        });
         a.free(x).unwrap(); // the lender's kernel is still running
         let y = a.malloc(8 * MIB, s1).unwrap();
-        let l = log.clone();
-        sim.launch(0, s1, move |m: &SimMemory| {
-            let t = Instant::now();
+        kernel(&sim, s1, &log, "borrower", 2, move |m| {
             let seen = m.read_f32(y, 1).unwrap()[0];
-            std::thread::sleep(Duration::from_millis(2));
             m.fill_f32(y, N, seen + 100.0);
-            l.lock().push(("borrower", t, Instant::now()));
-        })
-        .unwrap();
+        });
         a.free(y).unwrap(); // the borrower's kernel is still running
         let z = a.malloc(8 * MIB, S0).unwrap();
-        let (l, out) = (log.clone(), a.malloc(N * 4, S0).unwrap());
-        sim.launch(0, S0, move |m: &SimMemory| {
-            let t = Instant::now();
+        let out = a.malloc(N * 4, S0).unwrap();
+        kernel(&sim, S0, &log, "retaker", 0, move |m| {
             let d = m.read_f32(z, N).unwrap();
             m.write_f32(out, &d);
-            l.lock().push(("retaker", t, Instant::now()));
-        })
-        .unwrap();
+        });
         sim.synchronize_device(0).unwrap();
         if y == x && z == y {
             lent += 1;
-            let l = log.lock();
-            let at = |n: &str| *l.iter().find(|e| e.0 == n).unwrap();
+            let (lender, borrower) = (span(&log, "lender"), span(&log, "borrower"));
+            assert!(borrower.0 >= lender.1, "round {round}: borrower early");
             assert!(
-                at("borrower").1 >= at("lender").2,
-                "round {round}: borrower early"
-            );
-            assert!(
-                at("retaker").1 >= at("borrower").2,
+                span(&log, "retaker").0 >= borrower.1,
                 "round {round}: retaker early"
             );
             let got = sim.memory(0).unwrap().read_f32(out, N).unwrap();

@@ -3,11 +3,8 @@
 //! ordering rule (work after a wait never starts before the recorded work finished).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
-
-use npualloc::device::sim::{SimDevice, SimMemory, SimMode};
+use npualloc::device::sim::{SimDevice, SimMode};
 use npualloc::stream::TagRegistry;
 use npualloc::{CachingAllocator, Device, StreamHandle};
 
@@ -15,36 +12,6 @@ use crate::common::*;
 
 const N: usize = 256;
 const MAIN: StreamHandle = StreamHandle::DEFAULT;
-
-type Log = Arc<Mutex<Vec<(&'static str, Instant, Instant)>>>;
-
-/// Queues a kernel that logs when it ran; `delay` makes it slow.
-fn kernel(
-    sim: &SimDevice,
-    s: StreamHandle,
-    log: &Log,
-    name: &'static str,
-    delay_ms: u64,
-    f: impl FnOnce(&SimMemory) + Send + 'static,
-) {
-    let log = log.clone();
-    sim.launch(0, s, move |m: &SimMemory| {
-        let start = Instant::now();
-        std::thread::sleep(Duration::from_millis(delay_ms));
-        f(m);
-        log.lock().push((name, start, Instant::now()));
-    })
-    .unwrap();
-}
-
-fn span(log: &Log, name: &str) -> (Instant, Instant) {
-    let l = log.lock();
-    let e = l
-        .iter()
-        .find(|e| e.0 == name)
-        .unwrap_or_else(|| panic!("{name} never ran"));
-    (e.1, e.2)
-}
 
 fn read(sim: &SimDevice, p: usize) -> Vec<f32> {
     sim.memory(0).unwrap().read_f32(p, N).unwrap()
