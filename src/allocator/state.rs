@@ -1477,7 +1477,8 @@ impl State {
             .iter()
             .filter(|((_, tag), _)| *tag == 0)
             .flat_map(|(_, p)| p.large.iter())
-            .filter(|&(_, _, id)| self.is_whole_segment(id))
+            // A dirty segment would need a host synchronisation first: not here.
+            .filter(|&(_, _, id)| self.is_whole_segment(id) && !self.is_dirty(id))
             .map(|(s, _, id)| (self.gc_calls - self.blocks[id].gc_count_base, s, id))
             .collect();
         let mut reclaimed = 0;
