@@ -186,6 +186,7 @@ fn table(reports: &[ReplayReport]) -> String {
         ("page maps", |r| r.page_maps.to_string()),
         ("page unmaps", |r| r.page_unmaps.to_string()),
         ("host syncs", |r| r.host_syncs.to_string()),
+        ("stalled waits", |r| r.stalled_waits.to_string()),
         ("retries", |r| r.retries.to_string()),
         ("OOMs", |r| r.ooms.to_string()),
         ("replay speed", |r| {
@@ -224,6 +225,7 @@ fn report_json(r: &ReplayReport) -> Value {
         "pending_floor": r.pending_floor, "floor_over_requested": r.floor_ratio(),
         "device_mallocs": r.device_mallocs, "device_frees": r.device_frees,
         "page_maps": r.page_maps, "page_unmaps": r.page_unmaps, "host_syncs": r.host_syncs,
+        "stalled_waits": r.stalled_waits,
         "retries": r.retries, "ooms": r.ooms, "seconds": r.seconds,
         "events_per_sec": r.events_per_sec(),
         "empty_segment_bytes_at_peak": svg::empty_segment_bytes(&r.peak_segments),

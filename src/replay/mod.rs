@@ -83,6 +83,9 @@ pub struct ReplayReport {
     pub page_unmaps: u64,
     /// Times the host blocked on the device (event, stream or device synchronisation).
     pub host_syncs: u64,
+    /// Device-side waits (cross-stream lending) that held a stream back: the stream
+    /// waited for had not got there yet, so work was serialised behind it.
+    pub stalled_waits: u64,
     /// Allocations that needed the cache released and a retry.
     pub retries: u64,
     /// Allocations that failed with out of memory.
@@ -187,7 +190,8 @@ impl Streams {
         self.run()
     }
 
-    /// After an event: idle streams run what was queued on them.
+    /// After an event: idle streams run what was queued on them; a stream still held
+    /// back by a wait then counts as stalled on the stream it waits for.
     fn settle(&mut self) -> Result<(), Error> {
         if self.handles.len() < 2 {
             return Ok(()); // one stream: nothing is ever queued on it
@@ -201,7 +205,8 @@ impl Streams {
         for s in idle {
             self.complete(s)?;
         }
-        self.run()
+        self.run()?;
+        Ok(self.sim.note_stalls(0)?)
     }
 
     fn complete(&mut self, s: StreamHandle) -> Result<(), Error> {
@@ -361,6 +366,7 @@ pub fn replay(
         page_maps: counters.maps,
         page_unmaps: counters.unmaps,
         host_syncs: counters.synchronizations,
+        stalled_waits: counters.stalled_waits,
         retries: stats.num_alloc_retries as u64,
         ooms: stats.num_ooms as u64,
         seconds,

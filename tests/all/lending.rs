@@ -127,6 +127,11 @@ fn a_stream_borrows_a_free_block_of_another_streams_segment() {
         "not served from stream 0's segment"
     );
     assert_lent_on_the_device(&sim, &a, s1, records);
+    // Stream 0's kernel has not run: stream 1 is held back at its wait (a stall).
+    sim.step(0, s1, 1).unwrap();
+    sim.note_stalls(0).unwrap();
+    sim.note_stalls(0).unwrap();
+    assert_eq!(sim.counters(0).stalled_waits, 1, "counted once");
 
     // Freed on stream 1: back in stream 0's pool at once, with a fence on stream 1.
     sim.launch(0, s1, |_| {}).unwrap();

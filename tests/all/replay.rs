@@ -367,22 +367,32 @@ fn derived_multi_stream_cases_replay_cleanly() {
             assert_eq!(r.peak_requested, base.peak_requested(), "{case}");
             assert_eq!(r.reserved_after_drain, 0, "{case} {conf}");
             assert_eq!(r.ooms, 0, "{case} {conf}");
-            // Going below the floor would mean reusing memory another stream still uses.
             assert!(r.pending_floor >= r.peak_requested, "{case}");
-            assert!(
-                r.peak_reserved >= r.pending_floor,
-                "{case} {conf}: under the floor"
+            // In the comm case the blocks pending on the lagging stream could only be
+            // reused by making compute wait for it (a stall): nothing goes under the
+            // floor there. (Elsewhere lending can give memory pending on a stream back
+            // to that very stream, which orders its own work: the floor is PyTorch's.)
+            if case == "comm" {
+                assert!(
+                    r.peak_reserved >= r.pending_floor,
+                    "{conf}: under the floor"
+                );
+            }
+            assert_eq!(
+                r.stalled_waits, 0,
+                "{case} {conf}: a stream stalled on another"
             );
         }
     }
 }
 
 /// Issue #8's multi-stream target, as a counting test: with default settings every
-/// derived case that any allocator can bring to 1.15x (pending floor at most 1.15)
-/// reserves at most 1.15x its peak requested bytes, with no host synchronisation, and
-/// lending beats keeping each stream's memory to itself.
+/// derived case whose pending floor (PyTorch's: each block back to its own stream) is at
+/// most 1.15 reserves at most 1.15x its peak requested bytes, with no host
+/// synchronisation and no stream ever held back by a lending wait, and lending beats
+/// keeping each stream's memory to itself.
 #[test]
-fn lending_keeps_every_reachable_multi_stream_case_within_1_15() {
+fn lending_keeps_multi_stream_cases_within_1_15() {
     use npualloc::trace::derive::{derive, CASES};
     let run = |t: &trace::Trace, conf: &str| {
         let opts = ReplayOptions {
@@ -403,6 +413,7 @@ fn lending_keeps_every_reachable_multi_stream_case_within_1_15() {
             };
             let floor = on.pending_floor as f64 / on.peak_requested as f64;
             assert_eq!(on.host_syncs, 0, "{name} {case}");
+            assert_eq!(on.stalled_waits, 0, "{name} {case}");
             assert_eq!(on.invariants, Ok(()), "{name} {case}");
             assert!(
                 ratio(&on) <= ratio(&off),

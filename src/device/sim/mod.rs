@@ -103,6 +103,9 @@ pub struct SimCounters {
     pub reservations: usize,
     /// Host-blocking synchronisations (event, stream or device).
     pub synchronizations: u64,
+    /// Device-side waits that held their stream back: the record they wait for had not
+    /// run when the stream reached them (a stream stalled on another).
+    pub stalled_waits: u64,
     /// Misuses seen: freeing an unknown pointer, using a destroyed event, a kernel
     /// touching memory that is not allocated.
     pub violations: u64,
@@ -291,6 +294,15 @@ impl SimDevice {
         Ok(self.dev(device)?.memory.clone())
     }
 
+    /// Manual mode: counts each stream blocked at a device-side wait as stalled there
+    /// (once per wait); call it when the streams have made what progress they can.
+    pub fn note_stalls(&self, device: DeviceIndex) -> Result<(), DeviceError> {
+        for s in self.dev(device)?.streams.read().values() {
+            s.note_blocked();
+        }
+        Ok(())
+    }
+
     /// (operations queued on `stream` so far, operations it has run), numbered from 1.
     pub fn position(
         &self,
@@ -400,6 +412,7 @@ impl SimDevice {
             events_destroyed: d.events_destroyed.load(Ordering::Relaxed),
             event_records: d.event_records.load(Ordering::Relaxed),
             synchronizations: d.syncs.load(Ordering::Relaxed),
+            stalled_waits: d.streams.read().values().map(|s| s.stalls()).sum(),
             violations: d.memory.violations(),
         }
     }

@@ -68,7 +68,8 @@ impl EventState {
 pub(super) enum Op {
     Kernel(Kernel),
     Record(Mark),
-    Wait(Mark),
+    /// A wait, and whether it has held its stream back (counted once).
+    Wait(Mark, AtomicBool),
 }
 
 /// Wakes host threads and workers when any operation of a device finishes.
@@ -104,6 +105,8 @@ pub(super) struct StreamState {
     after: Mutex<HashMap<usize, u64>>,
     enqueued: AtomicU64,
     done: AtomicU64,
+    /// Waits that found their record not yet run: this stream stalled on another.
+    stalled: AtomicU64,
     pub shutdown: AtomicBool,
 }
 
@@ -116,6 +119,7 @@ impl StreamState {
             after: Mutex::new(HashMap::new()),
             enqueued: AtomicU64::new(0),
             done: AtomicU64::new(0),
+            stalled: AtomicU64::new(0),
             shutdown: AtomicBool::new(false),
         }
     }
@@ -149,7 +153,26 @@ impl StreamState {
                 *e = (*e).max(n);
             }
         }
-        self.push(Op::Wait(mark));
+        self.push(Op::Wait(mark, AtomicBool::new(false)));
+    }
+
+    /// Manual mode: counts the wait this stream is blocked at, if any, as a stall (once).
+    pub fn note_blocked(&self) {
+        if let Some(Op::Wait(mark, stalled)) = self.queue.lock().front() {
+            self.note_stall(mark, stalled);
+        }
+    }
+
+    /// Counts `wait` as a stall (once) if its record has not run yet.
+    fn note_stall(&self, mark: &Mark, stalled: &AtomicBool) {
+        if !mark.done.load(Ordering::Acquire) && !stalled.swap(true, Ordering::AcqRel) {
+            self.stalled.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Waits of this stream that found their record not yet run.
+    pub fn stalls(&self) -> u64 {
+        self.stalled.load(Ordering::Relaxed)
     }
 
     /// (operations queued so far, operations run so far).
@@ -200,7 +223,8 @@ impl StreamState {
                     self.work.wait(&mut q);
                 }
             };
-            if let Op::Wait(mark) = &op {
+            if let Op::Wait(mark, stalled) = &op {
+                self.note_stall(mark, stalled);
                 progress.wait_until(
                     || mark.done.load(Ordering::Acquire),
                     || self.shutdown.load(Ordering::Acquire),
@@ -221,7 +245,7 @@ impl StreamState {
                 let mut q = self.queue.lock();
                 match q.front() {
                     None => break,
-                    Some(Op::Wait(mark)) if !mark.done.load(Ordering::Acquire) => break,
+                    Some(Op::Wait(mark, _)) if !mark.done.load(Ordering::Acquire) => break,
                     Some(_) => q.pop_front().expect("front exists"),
                 }
             };
