@@ -472,7 +472,7 @@ impl State {
     }
 
     /// Whether block `id` may still be in use on a stream it was lent to.
-    fn is_dirty(&self, id: BlockId) -> bool {
+    pub(super) fn is_dirty(&self, id: BlockId) -> bool {
         self.blocks[id].dirty
             && self
                 .dirty
@@ -537,6 +537,13 @@ impl State {
         }
         let expandable = self.config.expandable_segments;
         if expandable && !others_released {
+            // Another stream's free block before mapping pages.
+            if self.config.lend_blocks && self.capturing.is_none() {
+                if let Some(ptr) = self.borrow_block(dev, index, size, rounded, stream, kind, peers)
+                {
+                    return Ok(Some(Grant::Lent(ptr)));
+                }
+            }
             return Ok(self
                 .allocate_pages(dev, index, size, rounded, stream, kind, peers)?
                 .map(Grant::Own));

@@ -327,6 +327,7 @@ impl State {
             Some(id)
         } else {
             let b = self.blocks.remove(id);
+            self.dirty.take(id); // clear marks only (dirty blocks are not unmapped)
             if let Some(p) = b.prev {
                 self.blocks[p].next = None;
             }
@@ -387,7 +388,8 @@ impl State {
             .flat_map(|(_, p)| p.small.iter().chain(p.large.iter()))
             .filter(|&(_, _, id)| {
                 let b = &self.blocks[id];
-                b.vm != 0 && self.malloc_calls - b.freed_at >= min_idle
+                // A dirty block's pages may still be used by its borrower: kept mapped.
+                b.vm != 0 && self.malloc_calls - b.freed_at >= min_idle && !self.is_dirty(id)
             })
             .map(|(_, _, id)| {
                 let b = &self.blocks[id];
