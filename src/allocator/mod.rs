@@ -1,13 +1,16 @@
 //! The caching allocator of one device.
 //!
-//! `malloc` order (PyTorch's): poll pending frees → best fit in the stream's pool →
-//! garbage collection (with a memory fraction) → device malloc → release oversize
-//! cached blocks and retry → release every cached segment (synchronising events) and
-//! retry → out of memory.
+//! `malloc` order (PyTorch's, with npualloc's additions in brackets): poll pending
+//! frees → best fit in the stream's pool → garbage collection (with a memory
+//! fraction) → [borrow a wholly free segment of another stream → borrow a free block of
+//! another stream's pool → return idle empty segments] → device malloc → release
+//! oversize cached blocks and retry → release every cached segment (synchronising
+//! events) and retry → out of memory.
 //!
-//! Locking: blocks are only ever reused on their own stream, so each stream has its own
-//! shard (block arena, free lists, events, statistics) behind its own mutex, found
-//! without a lock. Threads working on different streams do not contend; device-wide
+//! Locking: each stream has its own shard (block arena, free lists, events, statistics)
+//! behind its own mutex, found without a lock; blocks are reused on their own stream,
+//! or lent to another under device-side ordering (a borrower takes the lender's lock
+//! with `try_lock` only, never waiting). Threads working on different streams do not contend; device-wide
 //! counters (reserved bytes, the memory fraction) are atomics touched only on slow
 //! paths. Each shard maps its own live pointers to blocks: a free goes to the shard of
 //! the allocation's stream when the caller names it (torch does), else to the shard of

@@ -5,6 +5,8 @@
 //! - free blocks are exactly the free-list entries, and never neighbours;
 //! - allocated blocks are exactly the pointer-map entries;
 //! - a pending block's `event_count` equals its queued events plus parked frees;
+//! - a lent block is allocated here for another stream's caller (`stream_uses[0]`); a
+//!   dirty block is free and has marks in `dirty`, and only such blocks have marks;
 //! - `reserved` and every current statistic equal a recount of the blocks.
 
 mod expandable;
