@@ -134,7 +134,8 @@ pub trait Device: Send + Sync {
     fn device_count(&self) -> usize;
     /// Allocates `size` bytes of device memory; the result is at least 512-byte aligned.
     fn malloc(&self, device: DeviceIndex, size: usize) -> Result<DevicePtr, DeviceError>;
-    /// Frees memory returned by [`Device::malloc`].
+    /// Frees memory returned by [`Device::malloc`], after the device's queued work (as
+    /// cudaFree and aclrtFree do; the simulated device's manual mode does not wait).
     fn free(&self, device: DeviceIndex, ptr: DevicePtr) -> Result<(), DeviceError>;
     /// Free and total memory.
     fn mem_info(&self, device: DeviceIndex) -> Result<MemInfo, DeviceError>;

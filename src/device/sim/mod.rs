@@ -1,9 +1,11 @@
 //! A simulated device with real asynchronous streams and events.
 //!
 //! - **Threaded mode**: each stream has a worker thread that runs queued operations
-//!   (kernels, event records, waits) as they arrive, so races behave like a device.
+//!   (kernels, event records, waits) as they arrive, so races behave like a device. A
+//!   device free waits for all queued work first, as cudaFree and aclrtFree do.
 //! - **Manual mode**: nothing runs until a test calls [`SimDevice::step`] or
-//!   [`SimDevice::complete_stream`], so tests decide exactly when work finishes.
+//!   [`SimDevice::complete_stream`], so tests decide exactly when work finishes (a
+//!   device free leaves queued work queued: replays model streams lagging the host).
 //!
 //! Memory is *backed* (kernels read and write real host buffers) or *unbacked*
 //! (addresses only, so a 60 GiB trace costs megabytes). Capacity, device count and
@@ -453,6 +455,13 @@ impl Device for SimDevice {
 
     fn free(&self, device: DeviceIndex, ptr: DevicePtr) -> Result<(), DeviceError> {
         let d = self.dev(device)?;
+        if self.config.mode == SimMode::Threaded {
+            // cudaFree and aclrtFree wait for the device's queued work first. (Manual mode
+            // leaves it queued: replays model streams that lag behind the host.)
+            let streams: Vec<_> = d.streams.read().values().cloned().collect();
+            d.progress
+                .wait_until(|| streams.iter().all(|s| s.is_idle()), || false);
+        }
         d.memory.release(ptr)?;
         d.frees.fetch_add(1, Ordering::Relaxed);
         Ok(())
