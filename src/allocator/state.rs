@@ -413,6 +413,7 @@ impl State {
     ) -> Result<DevicePtr, Error> {
         let dirty = self.blocks[id].dirty;
         if dirty {
+            self.poll_fences(dev, index);
             if let Err(e) = self.wait_for_dirty(dev, index, id, taker) {
                 self.pool_insert(id);
                 return Err(e);
@@ -421,9 +422,11 @@ impl State {
         let out = self.alloc_found_block(id, size, rounded);
         if dirty && out == id {
             // Handed out whole; a split-off front starts clean and the free remainder
-            // (`id`) stays dirty for other takers.
+            // (`id`) stays dirty for other takers, unless the wait met its marks.
             self.dirty.take(id);
             self.blocks[id].dirty = false;
+        } else if dirty {
+            self.prune_marks(id);
         }
         let ptr = self.blocks[out].ptr;
         self.ptrs.insert(ptr, out);
@@ -440,13 +443,25 @@ impl State {
         id: BlockId,
         taker: StreamHandle,
     ) -> Result<(), Error> {
+        let own = self.blocks[id].stream;
         let marks: Vec<_> = self.dirty.get(id).to_vec();
         for (s, epoch) in marks {
             if s != taker && !self.fences.is_clear(s, epoch) {
                 self.order_after(dev, index, taker, s)?;
+                if taker == own {
+                    self.fences.met(s);
+                }
             }
         }
         Ok(())
+    }
+
+    /// Drops block `id`'s dirty state if all its marks are clear.
+    fn prune_marks(&mut self, id: BlockId) {
+        if self.blocks[id].dirty && self.fences.all_clear(self.dirty.get(id)) {
+            self.dirty.take(id);
+            self.blocks[id].dirty = false;
+        }
     }
 
     /// Before `stream` starts capturing: waits for the fences on it, so that no block
@@ -471,6 +486,17 @@ impl State {
             }
         }
         Ok(())
+    }
+
+    /// Takes in the fences that completed (no waiting). Only lending and slow paths poll
+    /// them, never the fast path: a fence frees no memory, it only spares the next taker
+    /// of a dirty block a device-side wait and lets a dirty segment go back to the
+    /// device (a fence that never completes must not cost every malloc a query).
+    fn poll_fences(&mut self, dev: &dyn Device, index: DeviceIndex) {
+        if !self.fences.is_empty() {
+            let events = &mut self.events;
+            self.fences.poll(dev, index, |ev| events.put(ev));
+        }
     }
 
     /// Whether block `id` may still be in use on a stream it was lent to.
@@ -531,6 +557,7 @@ impl State {
         others_released: bool,
         peers: &dyn Peers,
     ) -> Result<Option<Grant>, Error> {
+        self.poll_fences(dev, index);
         // Merge the hot cache first: its blocks may combine into a fit.
         if self.flush_hot() {
             if let Some(id) = self.get_free_block(stream, kind, rounded) {
@@ -792,6 +819,7 @@ impl State {
     /// the block waits for the next full synchronisation (cache release or OOM retry).
     #[cold]
     fn return_lent(&mut self, dev: &dyn Device, index: DeviceIndex, id: BlockId) -> bool {
+        self.poll_fences(dev, index); // recycles the events of completed fences
         let b = &mut self.blocks[id];
         b.lent = false;
         let borrower = b.stream_uses.remove(0);
@@ -943,6 +971,7 @@ impl State {
         if s.dirty {
             self.dirty.merge_into(dst, src);
             self.blocks[dst].dirty = true;
+            self.prune_marks(dst);
         }
         let d = &mut self.blocks[dst];
         if d.prev == Some(src) {
@@ -1017,7 +1046,6 @@ impl State {
             events.put(ev);
             ready.push(id);
         });
-        self.fences.poll(dev, index, |ev| events.put(ev));
         for id in ready {
             self.event_done(id);
         }
@@ -1404,6 +1432,7 @@ impl State {
         index: DeviceIndex,
         want: usize,
     ) -> usize {
+        self.poll_fences(dev, index);
         let min_idle = self.reclaim_min_idle;
         let mut empties: Vec<(usize, BlockId)> = self
             .pools
@@ -1517,7 +1546,7 @@ impl State {
 
     /// Frees waiting for events or a synchronisation.
     pub fn pending_count(&self) -> usize {
-        self.pending.len() + self.parked.len() + self.deferred.len() + self.fences.len()
+        self.pending.len() + self.parked.len() + self.deferred.len()
     }
 
     pub fn stats_snapshot(&self) -> DeviceStats {

@@ -139,9 +139,23 @@ impl Fences {
     pub fn poll(&mut self, dev: &dyn Device, index: DeviceIndex, mut put: impl FnMut(EventHandle)) {
         let cleared = &mut self.cleared;
         self.queued.poll(dev, index, |s, ev, epoch| {
-            cleared.insert(s, epoch);
+            let c = cleared.entry(s).or_default();
+            *c = (*c).max(epoch);
             put(ev);
         });
+    }
+
+    /// The shard's own stream now waits on the device for everything queued on `stream`
+    /// so far, fences included: every mark handed out on `stream` is met for whoever
+    /// takes the shard's blocks next (a borrower first waits on the shard's stream).
+    pub fn met(&mut self, stream: StreamHandle) {
+        let c = self.cleared.entry(stream).or_default();
+        *c = (*c).max(self.epoch);
+    }
+
+    /// Whether every mark in `marks` is clear.
+    pub fn all_clear(&self, marks: &[(StreamHandle, u64)]) -> bool {
+        marks.iter().all(|&(s, e)| self.is_clear(s, e))
     }
 
     /// Waits for the fences on `only` (every stream: `None`); `put` gets their events

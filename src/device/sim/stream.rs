@@ -13,11 +13,12 @@
 //!   stream means its operations queued from now on run after operation `n` of stream
 //!   `x` (learnt from waits, transitively through the waited-for record's own `after`).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex};
+use smallvec::SmallVec;
 
 use super::memory::SimMemory;
 
@@ -31,7 +32,18 @@ pub(super) struct Record {
     pub done: AtomicBool,
     /// What a stream waiting on this record is ordered after: the recording stream's
     /// operations up to this record, and whatever that stream was ordered after.
-    pub after: Mutex<HashMap<usize, u64>>,
+    pub after: Mutex<Order>,
+}
+
+/// (stream, operation number) pairs, at most one per stream: what work is ordered after.
+pub(super) type Order = SmallVec<[(usize, u64); 2]>;
+
+/// Raises `into`'s entry for `stream` to at least `n`.
+fn order_after(into: &mut Order, stream: usize, n: u64) {
+    match into.iter_mut().find(|e| e.0 == stream) {
+        Some(e) => e.1 = e.1.max(n),
+        None => into.push((stream, n)),
+    }
 }
 
 /// One record of an event (shared with the operations queued for it).
@@ -47,9 +59,16 @@ pub(super) struct EventState {
 impl EventState {
     /// A new record: it becomes the event's latest; queue it as `Op::Record`.
     pub fn record(&self) -> Mark {
-        let mark = Mark::default();
-        *self.latest.lock() = Some(mark.clone());
-        mark
+        let mut latest = self.latest.lock();
+        // Reuse the previous record's allocation when nothing refers to it any more
+        // (it ran and no wait holds it): the common case of a pooled event.
+        if let Some(m) = latest.as_mut().and_then(Arc::get_mut) {
+            *m.done.get_mut() = false;
+            m.after.get_mut().clear();
+        } else {
+            *latest = Some(Mark::default());
+        }
+        latest.clone().expect("just set")
     }
 
     /// The latest record, for a wait to capture.
@@ -102,7 +121,7 @@ pub(super) struct StreamState {
     /// Serialises manual stepping so that ops of one stream never overlap.
     exec: Mutex<()>,
     /// Operation numbers of other streams this stream's next operations run after.
-    after: Mutex<HashMap<usize, u64>>,
+    after: Mutex<Order>,
     enqueued: AtomicU64,
     done: AtomicU64,
     /// Waits that found their record not yet run: this stream stalled on another.
@@ -116,7 +135,7 @@ impl StreamState {
             queue: Mutex::new(VecDeque::new()),
             work: Condvar::new(),
             exec: Mutex::new(()),
-            after: Mutex::new(HashMap::new()),
+            after: Mutex::new(Order::new()),
             enqueued: AtomicU64::new(0),
             done: AtomicU64::new(0),
             stalled: AtomicU64::new(0),
@@ -137,10 +156,11 @@ impl StreamState {
     /// Queues a record of `mark` (this stream is `me`): a stream waiting on it runs
     /// after everything queued here so far.
     pub fn push_record(&self, me: usize, mark: Mark) {
-        let mut after = self.after.lock().clone();
         let n = self.push(Op::Record(mark.clone()));
-        after.insert(me, n);
-        *mark.after.lock() = after;
+        let mut theirs = mark.after.lock();
+        theirs.clear();
+        theirs.extend(self.after.lock().iter().copied());
+        order_after(&mut theirs, me, n);
     }
 
     /// Queues a wait for `mark`: this stream's later operations run after it.
@@ -149,8 +169,7 @@ impl StreamState {
         {
             let mut mine = self.after.lock();
             for (s, n) in theirs {
-                let e = mine.entry(s).or_default();
-                *e = (*e).max(n);
+                order_after(&mut mine, s, n);
             }
         }
         self.push(Op::Wait(mark, AtomicBool::new(false)));
@@ -186,7 +205,11 @@ impl StreamState {
     /// The number of the last operation of stream `other` that this stream's next
     /// operations are ordered after (0: none).
     pub fn ordered_after(&self, other: usize) -> u64 {
-        self.after.lock().get(&other).copied().unwrap_or(0)
+        self.after
+            .lock()
+            .iter()
+            .find(|e| e.0 == other)
+            .map_or(0, |e| e.1)
     }
 
     pub fn is_idle(&self) -> bool {
