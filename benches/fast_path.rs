@@ -116,7 +116,8 @@ fn cross_stream_cycle(c: &mut Criterion) {
             sim.complete_stream(0, side).unwrap();
         })
     });
-    assert_eq!(a.event_counts().0, 1, "steady state must not create events");
+    // One event in all (none when a filter skipped this benchmark).
+    assert!(a.event_counts().0 <= 1, "steady state must not create events");
 }
 
 fn replay_speed(c: &mut Criterion) {
