@@ -117,7 +117,10 @@ fn cross_stream_cycle(c: &mut Criterion) {
         })
     });
     // One event in all (none when a filter skipped this benchmark).
-    assert!(a.event_counts().0 <= 1, "steady state must not create events");
+    assert!(
+        a.event_counts().0 <= 1,
+        "steady state must not create events"
+    );
 }
 
 fn replay_speed(c: &mut Criterion) {

@@ -22,6 +22,16 @@ fn threads_on_several_streams_with_expandable_segments() {
     stress("expandable_segments:True,large_segment_size_mb:4");
 }
 
+/// A small deterministic random number generator (xorshift64) seeded with `seed`.
+fn xorshift(mut seed: u64) -> impl FnMut() -> u64 {
+    move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    }
+}
+
 fn stress(conf: &str) {
     let (sim, a) = with(4 << 30, SimMode::Threaded, false, conf);
     let a = Arc::new(a);
@@ -35,13 +45,7 @@ fn stress(conf: &str) {
             let (a, sim, streams, ranges) =
                 (a.clone(), sim.clone(), streams.clone(), live_ranges.clone());
             std::thread::spawn(move || {
-                let mut seed = 0x9E37_79B9_7F4A_7C15u64 ^ (t as u64 + 1);
-                let mut next = move || {
-                    seed ^= seed << 13;
-                    seed ^= seed >> 7;
-                    seed ^= seed << 17;
-                    seed
-                };
+                let mut next = xorshift(0x9E37_79B9_7F4A_7C15 ^ (t as u64 + 1));
                 let mine = streams[t];
                 let mut live: Vec<(usize, usize)> = Vec::new();
                 for _ in 0..3000 {
@@ -152,13 +156,7 @@ fn lent_memory_is_never_written_under_queued_work() {
         .map(|t| {
             let (a, sim, mine, wrong) = (a.clone(), sim.clone(), streams[t], wrong.clone());
             std::thread::spawn(move || {
-                let mut seed = 0x2545_F491_4F6C_DD1Du64 ^ (t as u64 + 1);
-                let mut next = move || {
-                    seed ^= seed << 13;
-                    seed ^= seed >> 7;
-                    seed ^= seed << 17;
-                    seed
-                };
+                let mut next = xorshift(0x2545_F491_4F6C_DD1D ^ (t as u64 + 1));
                 let mut live: Vec<usize> = Vec::new();
                 for i in 0..600u32 {
                     let r = next();
