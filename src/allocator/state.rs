@@ -1345,10 +1345,10 @@ impl State {
     }
 
     /// Serves a request of `rounded` bytes made on stream `borrower` from this shard's
-    /// free blocks (best fit, as for its own requests). The block stays this shard's,
-    /// allocated, with `borrower` recorded as a user, so that once freed it comes back
-    /// only after the borrower's work on it; the borrower first waits on the device for
-    /// the work queued on this stream so far.
+    /// free blocks (best fit, as for its own requests). The borrower first waits on the
+    /// device for the work queued on this stream so far. The block stays this shard's,
+    /// allocated, with `borrower` as its user; once freed it comes back at once, dirty
+    /// on the borrower (`return_lent`).
     pub fn lend_block(
         &mut self,
         dev: &dyn Device,
