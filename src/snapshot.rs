@@ -1,5 +1,8 @@
 //! Memory snapshots in the shape of PyTorch's `torch.cuda.memory._snapshot()`, so
-//! existing tooling (memory_viz) can read them after a conversion to pickle.
+//! existing tooling (memory_viz) can read them after a conversion to pickle. Blocks
+//! carry two keys of npualloc's own for cross-stream lending: `lent_to_stream` (a
+//! block allocated for a caller on another stream) and `dirty_on_streams` (a free block
+//! those streams may still use).
 
 use serde_json::{json, Value};
 
@@ -32,13 +35,21 @@ pub fn segments_json(device: usize, segs: &[SegmentInfo]) -> Vec<Value> {
                 .blocks
                 .iter()
                 .map(|b| {
-                    json!({
+                    let mut v = json!({
                         "address": b.address,
                         "size": b.size,
                         "requested_size": b.requested_size,
                         "state": state_name(b.state),
                         "frames": [],
-                    })
+                    });
+                    if let Some(s) = b.lent_to {
+                        v["lent_to_stream"] = json!(s.0);
+                    }
+                    if !b.dirty_on.is_empty() {
+                        v["dirty_on_streams"] =
+                            json!(b.dirty_on.iter().map(|s| s.0).collect::<Vec<_>>());
+                    }
+                    v
                 })
                 .collect();
             json!({

@@ -86,6 +86,11 @@ pub struct BlockInfo {
     pub requested_size: usize,
     /// State.
     pub state: BlockState,
+    /// Allocated for a caller on this other stream (cross-stream lending).
+    pub lent_to: Option<StreamHandle>,
+    /// Free, but these streams it was lent to may still use it (their fences have not
+    /// been seen complete): whoever takes it first waits for them on the device.
+    pub dirty_on: Vec<StreamHandle>,
 }
 
 /// One segment (device allocation) in a snapshot.
@@ -1590,6 +1595,14 @@ impl State {
                         size: blk.size,
                         requested_size: blk.requested,
                         state,
+                        lent_to: blk.lent.then(|| blk.stream_uses[0]),
+                        dirty_on: self
+                            .dirty
+                            .get(c)
+                            .iter()
+                            .filter(|&&(s, e)| !self.fences.is_clear(s, e))
+                            .map(|&(s, _)| s)
+                            .collect(),
                     });
                     cur = blk.next;
                 }

@@ -257,6 +257,9 @@ pub fn replay(
 
     let (mut requested, mut peak_requested, mut allocations) = (0u64, 0u64, 0usize);
     let (mut peak_reserved_seen, mut peak_event) = (0u64, 0usize);
+    // The statistics' aggregate peak is a lower bound when several streams allocate
+    // (per-stream peaks): with more than one stream, sum the streams after each event.
+    let mut peak_allocated_seen = 0u64;
     let mut timeline = Vec::new();
     let mut peak_segments = Vec::new();
     let mut actions = Vec::new();
@@ -320,6 +323,9 @@ pub fn replay(
             }
         }
         streams.settle()?;
+        if streams.handles.len() > 1 {
+            peak_allocated_seen = peak_allocated_seen.max(alloc.usage().allocated as u64);
+        }
         if opts.detail {
             let u = alloc.usage();
             timeline.push(Sample {
@@ -359,7 +365,7 @@ pub fn replay(
         allocations,
         peak_requested,
         pending_floor: trace.pending_floor(),
-        peak_allocated: stats.allocated_bytes[0].peak as u64,
+        peak_allocated: (stats.allocated_bytes[0].peak as u64).max(peak_allocated_seen),
         peak_reserved: stats.reserved_bytes[0].peak as u64,
         device_mallocs: counters.mallocs,
         device_frees: counters.frees,

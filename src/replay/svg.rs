@@ -20,6 +20,7 @@ const ROW_GAP: f64 = 6.0;
 
 const C_RESERVED: &str = "#d9480f";
 const C_ALLOCATED: &str = "#1c7ed6";
+const C_LENT: &str = "#7048e8";
 const C_REQUESTED: &str = "#2b8a3e";
 const C_PENDING: &str = "#f59f00";
 const C_INACTIVE: &str = "#dee2e6";
@@ -269,6 +270,7 @@ fn segment_map(out: &mut String, r: &ReplayReport) {
         let mut run: Option<(&str, f64, f64)> = None;
         for b in &seg.blocks {
             let color = match b.state {
+                BlockState::ActiveAllocated if b.lent_to.is_some() => C_LENT,
                 BlockState::ActiveAllocated => C_ALLOCATED,
                 BlockState::ActivePendingFree => C_PENDING,
                 BlockState::Inactive if seg_empty => C_EMPTY_SEG,
@@ -302,14 +304,15 @@ fn segment_map(out: &mut String, r: &ReplayReport) {
     let ly = MAP_TOP + MAP_ROWS as f64 * (ROW_H + ROW_GAP) + 12.0;
     for (i, (c, label)) in [
         (C_ALLOCATED, "allocated"),
-        (C_PENDING, "pending free (stream events)"),
+        (C_LENT, "lent to another stream"),
+        (C_PENDING, "pending free (events)"),
         (C_INACTIVE, "cached free, segment in use"),
-        (C_EMPTY_SEG, "wholly empty cached segment"),
+        (C_EMPTY_SEG, "wholly empty segment"),
     ]
     .iter()
     .enumerate()
     {
-        let lx = LEFT + i as f64 * 230.0;
+        let lx = LEFT + i as f64 * 196.0;
         let _ = writeln!(
             out,
             r##"<rect x="{lx}" y="{ly:.1}" width="14" height="12" fill="{c}" stroke="#868e96"/>"##

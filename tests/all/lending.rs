@@ -313,3 +313,37 @@ fn a_capture_begins_only_after_fences_on_its_stream_completed() {
     a.free(anchor).unwrap();
     assert_drained(&sim, &a);
 }
+
+#[test]
+fn snapshots_show_lent_and_dirty_blocks() {
+    let (sim, a) = manual(1 << 30);
+    let s1 = sim.create_stream(0).unwrap();
+    let anchor = a.malloc(4 * MIB, S0).unwrap();
+    let q = a.malloc(8 * MIB, s1).unwrap();
+    let block_at = |v: &serde_json::Value, addr: usize| {
+        v["segments"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|s| s["blocks"].as_array().unwrap().clone())
+            .find(|b| b["address"] == addr)
+            .unwrap()
+    };
+    let v = npualloc::snapshot::snapshot(&[&a]);
+    let lent = block_at(&v, q);
+    assert_eq!(lent["lent_to_stream"], s1.0);
+    assert_eq!(lent["state"], "active_allocated");
+    assert!(block_at(&v, anchor).get("lent_to_stream").is_none());
+    sim.launch(0, s1, |_| {}).unwrap();
+    a.free(q).unwrap(); // its fence on stream 1 waits behind the kernel
+    let v = npualloc::snapshot::snapshot(&[&a]);
+    let back = block_at(&v, q);
+    assert_eq!(back["state"], "inactive");
+    assert_eq!(back["dirty_on_streams"], serde_json::json!([s1.0]));
+    assert!(back.get("lent_to_stream").is_none());
+    a.free(anchor).unwrap();
+    for s in [s1, S0, s1] {
+        sim.complete_stream(0, s).unwrap();
+    }
+    assert_drained(&sim, &a);
+}
