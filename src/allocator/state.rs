@@ -749,9 +749,7 @@ impl State {
         if self.should_split(&self.blocks[id], rounded) {
             // The front becomes a new block; the original keeps the remainder.
             let b = &self.blocks[id];
-            let mut front = Block::segment(b.ptr, rounded, b.stream, b.kind);
-            front.pool = b.pool;
-            front.vm = b.vm;
+            let mut front = b.sibling(b.ptr, rounded);
             front.prev = b.prev;
             front.next = Some(id);
             let front_id = self.blocks.insert(front);
@@ -1033,8 +1031,7 @@ impl State {
         match self.blocks.get_mut(id) {
             Some(b) if b.allocated && b.ptr == ptr => {
                 // A borrower is the allocation's stream to the caller: never erased.
-                let borrower = b.lent.then(|| b.stream_uses[0]);
-                if borrower != Some(stream) {
+                if b.borrower() != Some(stream) {
                     b.stream_uses.retain(|s| *s != stream);
                 }
                 Ok(())
@@ -1595,7 +1592,7 @@ impl State {
                         size: blk.size,
                         requested_size: blk.requested,
                         state,
-                        lent_to: blk.lent.then(|| blk.stream_uses[0]),
+                        lent_to: blk.borrower(),
                         dirty_on: self
                             .dirty
                             .get(c)

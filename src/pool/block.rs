@@ -122,6 +122,21 @@ impl Block {
         }
     }
 
+    /// A new, unlinked block of the same segment as this one (same stream, pool kind,
+    /// pool and mapping) covering `[ptr, ptr + size)`.
+    pub fn sibling(&self, ptr: DevicePtr, size: usize) -> Block {
+        Block {
+            pool: self.pool,
+            vm: self.vm,
+            ..Block::segment(ptr, size, self.stream, self.kind)
+        }
+    }
+
+    /// The stream of the caller it is lent to, while lent.
+    pub fn borrower(&self) -> Option<StreamHandle> {
+        self.lent.then(|| self.stream_uses[0])
+    }
+
     /// Part of a segment that has been split.
     pub fn is_split(&self) -> bool {
         self.prev.is_some() || self.next.is_some()

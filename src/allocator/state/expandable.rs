@@ -291,6 +291,7 @@ impl State {
         let b = &self.blocks[id];
         let seg = b.vm as usize - 1;
         let (ptr, size, prev, next, kind) = (b.ptr, b.size, b.prev, b.next, b.kind);
+        let template = b.sibling(ptr, size);
         let page = self.vm[seg].page;
         let (first, count) = self.vm[seg].whole_pages(ptr, size);
         // The last pages of the block, as many as `want` needs.
@@ -334,9 +335,7 @@ impl State {
             None
         };
         let back = (ptr + size > hi).then(|| {
-            let mut blk = Block::segment(hi, ptr + size - hi, self.vm[seg].stream, kind);
-            blk.pool = self.vm[seg].pool;
-            blk.vm = seg as u32 + 1;
+            let mut blk = template.sibling(hi, ptr + size - hi);
             blk.next = next;
             let back = self.blocks.insert(blk);
             if let Some(n) = next {
