@@ -163,7 +163,7 @@ impl CachingAllocator {
         self.device.check_stream(self.index, stream)?;
         let markers = self.markers.read().clone();
         self.shards
-            .get_or_insert(stream, || State::new(self.shared.clone(), markers))
+            .get_or_insert(stream, || State::new(stream, self.shared.clone(), markers))
             .ok_or_else(|| {
                 Error::InvalidState(format!(
                     "device {} already serves {MAX_STREAMS} streams",

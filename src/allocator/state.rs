@@ -113,6 +113,8 @@ pub struct SegmentInfo {
 }
 
 pub(super) struct State {
+    /// The stream this shard serves (its own pools are keyed by it).
+    pub stream: StreamHandle,
     pub config: Config,
     pub blocks: Slab<Block>,
     /// This shard's live allocations: pointer → block.
@@ -165,11 +167,12 @@ pub struct PrivatePool {
 }
 
 impl State {
-    pub fn new(shared: Arc<Shared>, markers: Arc<Mstx>) -> Self {
+    pub fn new(stream: StreamHandle, shared: Arc<Shared>, markers: Arc<Mstx>) -> Self {
         let config = shared.config.clone();
         let mut known_streams = FxHashSet::default();
         known_streams.insert(StreamHandle::DEFAULT);
         State {
+            stream,
             config,
             blocks: Slab::new(),
             ptrs: PtrTable::default(),
@@ -379,7 +382,7 @@ impl State {
         if let Some(id) = self.hot_take(stream, rounded) {
             return self
                 .hand_out(dev, index, id, size, rounded, stream)
-                .map(Some);
+                .map(|(ptr, _)| Some(ptr));
         }
         let id = match self.get_free_block(stream, kind, rounded) {
             Some(id) => id,
@@ -400,12 +403,13 @@ impl State {
             },
         };
         self.hand_out(dev, index, id, size, rounded, stream)
-            .map(Some)
+            .map(|(ptr, _)| Some(ptr))
     }
 
     /// Allocates found block `id` (out of its free list) for work on stream `taker`
-    /// and maps its address. A dirty block first orders `taker` after the streams that
-    /// may still use it; if that fails, the block goes back to its free list.
+    /// and maps its address; returns (address, the allocated block). A dirty block first
+    /// orders `taker` after the streams that may still use it; if that fails, the block
+    /// goes back to its free list.
     #[inline(always)]
     fn hand_out(
         &mut self,
@@ -415,7 +419,7 @@ impl State {
         size: usize,
         rounded: usize,
         taker: StreamHandle,
-    ) -> Result<DevicePtr, Error> {
+    ) -> Result<(DevicePtr, BlockId), Error> {
         let dirty = self.blocks[id].dirty;
         if dirty {
             self.poll_fences(dev, index);
@@ -435,7 +439,7 @@ impl State {
         }
         let ptr = self.blocks[out].ptr;
         self.ptrs.insert(ptr, out);
-        Ok(ptr)
+        Ok((ptr, out))
     }
 
     /// Orders `taker` after every stream block `id` is still dirty on (other than
@@ -448,12 +452,11 @@ impl State {
         id: BlockId,
         taker: StreamHandle,
     ) -> Result<(), Error> {
-        let own = self.blocks[id].stream;
         let marks: Vec<_> = self.dirty.get(id).to_vec();
         for (s, epoch) in marks {
             if s != taker && !self.fences.is_clear(s, epoch) {
                 self.order_after(dev, index, taker, s)?;
-                if taker == own {
+                if taker == self.stream {
                     self.fences.met(s);
                 }
             }
@@ -1336,8 +1339,7 @@ impl State {
             .flat_map(|(_, p)| p.get(kind).iter())
             .filter(|&(s, _, id)| s >= size && s <= limit && self.is_whole_segment(id))
             .min_by_key(|&(s, p, _)| (s, p))?;
-        let own = self.blocks[id].stream;
-        self.order_after(dev, index, borrower, own).ok()?;
+        self.order_after(dev, index, borrower, self.stream).ok()?;
         self.wait_for_dirty(dev, index, id, borrower).ok()?;
         self.pool_remove(id);
         let b = self.blocks.remove(id);
@@ -1363,20 +1365,15 @@ impl State {
         if self.capturing.is_some() {
             return None;
         }
-        let own = self
-            .pools
-            .iter()
-            .find(|((_, tag), _)| *tag == 0)
-            .map(|((s, _), _)| *s)?;
+        let own = self.stream;
         let id = self.get_free_block(own, kind, rounded)?;
         if self.order_after(dev, index, borrower, own).is_err() {
             self.pool_insert(id);
             return None;
         }
-        let ptr = self
+        let (ptr, id) = self
             .hand_out(dev, index, id, size, rounded, borrower)
             .ok()?;
-        let id = *self.ptrs.get(&ptr)?;
         let b = &mut self.blocks[id];
         b.lent = true;
         b.stream_uses.insert(0, borrower);
