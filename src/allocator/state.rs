@@ -509,12 +509,21 @@ impl State {
 
     /// Whether block `id` may still be in use on a stream it was lent to.
     pub(super) fn is_dirty(&self, id: BlockId) -> bool {
-        self.blocks[id].dirty
-            && self
-                .dirty
-                .get(id)
-                .iter()
-                .any(|&(s, epoch)| !self.fences.is_clear(s, epoch))
+        self.blocks[id].dirty && !self.fences.all_clear(self.dirty.get(id))
+    }
+
+    /// This stream's own cached whole segments of `kinds` (in that order) that could go
+    /// back to the device without a host wait (not dirty): (size, block).
+    fn clean_whole_segments<'a>(
+        &'a self,
+        kinds: &'a [PoolKind],
+    ) -> impl Iterator<Item = (usize, BlockId)> + 'a {
+        self.pools
+            .iter()
+            .filter(|((_, tag), _)| *tag == 0)
+            .flat_map(move |(_, p)| kinds.iter().flat_map(move |&k| p.get(k).iter()))
+            .filter(|&(_, _, id)| self.is_whole_segment(id) && !self.is_dirty(id))
+            .map(|(s, _, id)| (s, id))
     }
 
     /// Records a fence on `borrower` for a lent block it just freed; returns the
@@ -1434,18 +1443,8 @@ impl State {
         self.poll_fences(dev, index);
         let min_idle = self.reclaim_min_idle;
         let mut empties: Vec<(usize, BlockId)> = self
-            .pools
-            .iter()
-            .filter(|((_, tag), _)| *tag == 0)
-            .flat_map(|(_, p)| p.small.iter().chain(p.large.iter()))
-            .filter(|&(_, _, id)| {
-                let b = &self.blocks[id];
-                // A dirty segment would need a host synchronisation first: not here.
-                self.is_whole_segment(id)
-                    && !self.is_dirty(id)
-                    && self.malloc_calls - b.freed_at >= min_idle
-            })
-            .map(|(s, _, id)| (s, id))
+            .clean_whole_segments(&[PoolKind::Small, PoolKind::Large])
+            .filter(|&(_, id)| self.malloc_calls - self.blocks[id].freed_at >= min_idle)
             .collect();
         empties.sort_by_key(|e| std::cmp::Reverse(e.0));
         let mut released = 0;
@@ -1510,13 +1509,8 @@ impl State {
     /// average age", until `target` bytes are reclaimed; returns the bytes.
     fn collect_old_blocks(&mut self, dev: &dyn Device, index: DeviceIndex, target: usize) -> usize {
         let mut candidates: Vec<(u64, usize, BlockId)> = self
-            .pools
-            .iter()
-            .filter(|((_, tag), _)| *tag == 0)
-            .flat_map(|(_, p)| p.large.iter())
-            // A dirty segment would need a host synchronisation first: not here.
-            .filter(|&(_, _, id)| self.is_whole_segment(id) && !self.is_dirty(id))
-            .map(|(s, _, id)| (self.gc_calls - self.blocks[id].gc_count_base, s, id))
+            .clean_whole_segments(&[PoolKind::Large])
+            .map(|(s, id)| (self.gc_calls - self.blocks[id].gc_count_base, s, id))
             .collect();
         let mut reclaimed = 0;
         while reclaimed < target && !candidates.is_empty() {
