@@ -584,11 +584,8 @@ impl State {
         let expandable = self.config.expandable_segments;
         if expandable && !others_released {
             // Another stream's free block before mapping pages.
-            if self.config.lend_blocks && self.capturing.is_none() {
-                if let Some(ptr) = self.borrow_block(dev, index, size, rounded, stream, kind, peers)
-                {
-                    return Ok(Some(Grant::Lent(ptr)));
-                }
+            if let Some(ptr) = self.borrow_block(dev, index, size, rounded, stream, kind, peers) {
+                return Ok(Some(Grant::Lent(ptr)));
             }
             return Ok(self
                 .allocate_pages(dev, index, size, rounded, stream, kind, peers)?
@@ -598,18 +595,13 @@ impl State {
             if self.gc_enabled() {
                 self.garbage_collect(dev, index, peers);
             }
-            if self.config.lend_segments && self.capturing.is_none() {
-                if let Some(id) =
-                    self.borrow_segment(dev, index, stream, kind, rounded, seg_size, peers)?
-                {
-                    return Ok(Some(Grant::Own(id)));
-                }
+            if let Some(id) =
+                self.borrow_segment(dev, index, stream, kind, rounded, seg_size, peers)?
+            {
+                return Ok(Some(Grant::Own(id)));
             }
-            if self.config.lend_blocks && self.capturing.is_none() {
-                if let Some(ptr) = self.borrow_block(dev, index, size, rounded, stream, kind, peers)
-                {
-                    return Ok(Some(Grant::Lent(ptr)));
-                }
+            if let Some(ptr) = self.borrow_block(dev, index, size, rounded, stream, kind, peers) {
+                return Ok(Some(Grant::Lent(ptr)));
             }
             self.release_empty_before_growth(dev, index, seg_size, peers);
             if let Some(id) = self.alloc_block(dev, index, seg_size, stream, kind)? {
@@ -1295,10 +1287,10 @@ impl State {
         }
     }
 
-    /// Cross-stream lending: instead of a new device allocation, take a wholly free
-    /// cached segment from another stream's shard. This stream waits on the device for
-    /// an event recorded on the lender's stream (work queued there on the segment
-    /// finishes first); the host never blocks.
+    /// Cross-stream lending (`lend_segments`; never while capturing): instead of a new
+    /// device allocation, take a wholly free cached segment from another stream's shard.
+    /// This stream waits on the device for an event recorded on the lender's stream
+    /// (work queued there on the segment finishes first); the host never blocks.
     #[allow(clippy::too_many_arguments)]
     fn borrow_segment(
         &mut self,
@@ -1310,6 +1302,9 @@ impl State {
         seg_size: usize,
         peers: &dyn Peers,
     ) -> Result<Option<BlockId>, Error> {
+        if !self.config.lend_segments || self.capturing.is_some() {
+            return Ok(None);
+        }
         let limit = seg_size.saturating_mul(LEND_SIZE_FACTOR);
         let mut lent = None;
         peers.visit(&mut |other| {
@@ -1389,8 +1384,8 @@ impl State {
         Some(ptr)
     }
 
-    /// Block lending, the borrower's side: another stream's free block for this
-    /// request (see `lend_block`).
+    /// Block lending, the borrower's side (`lend_blocks`; never while capturing): another
+    /// stream's free block for this request (see `lend_block`).
     #[allow(clippy::too_many_arguments)]
     fn borrow_block(
         &mut self,
@@ -1402,6 +1397,9 @@ impl State {
         kind: PoolKind,
         peers: &dyn Peers,
     ) -> Option<DevicePtr> {
+        if !self.config.lend_blocks || self.capturing.is_some() {
+            return None;
+        }
         let mut lent = None;
         peers.visit(&mut |other| {
             lent = other.lend_block(dev, index, kind, size, rounded, stream);
