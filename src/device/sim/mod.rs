@@ -149,6 +149,26 @@ struct DevState {
     syncs: AtomicU64,
 }
 
+/// Threaded mode: blocks until every stream of `d` has run all its queued work.
+fn wait_all_idle(d: &DevState) {
+    let streams: Vec<_> = d.streams.read().values().cloned().collect();
+    d.progress
+        .wait_until(|| streams.iter().all(|s| s.is_idle()), || false);
+}
+
+/// The end of a host wait: fine if `done`, else the error of `call` that can never
+/// finish (a stream waits on an event never recorded to completion).
+fn never_completes(done: bool, call: &'static str, message: &str) -> Result<(), DeviceError> {
+    if done {
+        return Ok(());
+    }
+    Err(DeviceError::Runtime {
+        call,
+        code: 507000,
+        message: message.into(),
+    })
+}
+
 impl DevState {
     /// The injected failure of this device allocation (malloc or page mapping), if due.
     fn injected(&self, call: &'static str, size: usize) -> Option<DeviceError> {
@@ -458,9 +478,7 @@ impl Device for SimDevice {
         if self.config.mode == SimMode::Threaded {
             // cudaFree and aclrtFree wait for the device's queued work first. (Manual mode
             // leaves it queued: replays model streams that lag behind the host.)
-            let streams: Vec<_> = d.streams.read().values().cloned().collect();
-            d.progress
-                .wait_until(|| streams.iter().all(|s| s.is_idle()), || false);
+            wait_all_idle(d);
         }
         d.memory.release(ptr)?;
         d.frees.fetch_add(1, Ordering::Relaxed);
@@ -544,15 +562,11 @@ impl Device for SimDevice {
                 self.run_until_idle(d);
             }
         }
-        if ev.is_complete() {
-            Ok(())
-        } else {
-            Err(DeviceError::Runtime {
-                call: "sim_event_synchronize",
-                code: 507000,
-                message: "event can never complete: its stream waits on an event never recorded to completion".into(),
-            })
-        }
+        never_completes(
+            ev.is_complete(),
+            "sim_event_synchronize",
+            "event can never complete: its stream waits on an event never recorded to completion",
+        )
     }
 
     fn stream_wait_event(
@@ -574,23 +588,16 @@ impl Device for SimDevice {
         d.syncs.fetch_add(1, Ordering::Relaxed);
         let idle = match self.config.mode {
             SimMode::Threaded => {
-                let streams: Vec<_> = d.streams.read().values().cloned().collect();
-                d.progress
-                    .wait_until(|| streams.iter().all(|s| s.is_idle()), || false);
+                wait_all_idle(d);
                 true
             }
             SimMode::Manual => self.run_until_idle(d),
         };
-        if idle {
-            Ok(())
-        } else {
-            Err(DeviceError::Runtime {
-                call: "sim_synchronize_device",
-                code: 507000,
-                message: "device cannot drain: a stream waits on an event that never completes"
-                    .into(),
-            })
-        }
+        never_completes(
+            idle,
+            "sim_synchronize_device",
+            "device cannot drain: a stream waits on an event that never completes",
+        )
     }
 
     fn stream_query(&self, device: DeviceIndex, stream: StreamHandle) -> Result<bool, DeviceError> {
@@ -615,15 +622,11 @@ impl Device for SimDevice {
                 }
             }
         }
-        if s.is_idle() {
-            Ok(())
-        } else {
-            Err(DeviceError::Runtime {
-                call: "sim_synchronize_stream",
-                code: 507000,
-                message: "stream cannot drain: it waits on an event that never completes".into(),
-            })
-        }
+        never_completes(
+            s.is_idle(),
+            "sim_synchronize_stream",
+            "stream cannot drain: it waits on an event that never completes",
+        )
     }
 
     fn vm_granularity(&self, device: DeviceIndex) -> Result<usize, DeviceError> {
