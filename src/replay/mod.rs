@@ -183,11 +183,10 @@ impl Streams {
         self.busy.insert(s);
     }
 
-    /// An `s` for `s`: it has completed everything queued on it so far.
-    fn sync(&mut self, s: StreamHandle) -> Result<(), Error> {
+    /// An `s` for `s`: it has completed everything queued on it so far (the `settle`
+    /// after the event runs it, as any idle stream).
+    fn sync(&mut self, s: StreamHandle) {
         self.busy.remove(&s);
-        self.complete(s)?;
-        self.run()
     }
 
     /// After an event: idle streams run what was queued on them; a stream still held
@@ -319,7 +318,7 @@ pub fn replay(
             }
             Op::Sync { stream } => {
                 let s = streams.handle(stream)?;
-                streams.sync(s)?;
+                streams.sync(s);
             }
         }
         streams.settle()?;
