@@ -185,6 +185,29 @@ impl CachingAllocator {
         }
     }
 
+    /// Runs `f` on `shard`'s locked state, then publishes its count of waiting frees.
+    fn with_shard<T>(&self, shard: &Shard, f: impl FnOnce(&mut State) -> T) -> T {
+        let mut st = shard.state.lock();
+        let out = f(&mut st);
+        self.set_pending(shard, st.pending_count());
+        out
+    }
+
+    /// Runs `f` on every shard but `stream`'s, one lock at a time (never two), until
+    /// one fails.
+    fn for_other_shards<E>(
+        &self,
+        stream: StreamHandle,
+        mut f: impl FnMut(&mut State) -> Result<(), E>,
+    ) -> Result<(), E> {
+        for other in self.shards.all() {
+            if other.stream != stream {
+                self.with_shard(other, &mut f)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Polls the pending frees of other shards that have any, without waiting for a lock.
     fn poll_others(&self, own: u32) {
         for (si, s) in self.shards.iter() {
@@ -233,17 +256,13 @@ impl CachingAllocator {
         }
         // Only the other streams' caches can help: release them one shard at a time
         // (never holding two shard locks), then try once more.
-        for other in self.shards.all() {
-            if other.stream != stream {
-                let mut st = other.state.lock();
-                let _ = st.release_cached_blocks(dev, self.index);
-                self.set_pending(other, st.pending_count());
-            }
-        }
-        let mut st = shard.state.lock();
-        let found = st.malloc(dev, self.index, size, stream, true, &NoPeers);
-        self.set_pending(shard, st.pending_count());
-        drop(st);
+        let _ = self.for_other_shards(stream, |st| {
+            let _ = st.release_cached_blocks(dev, self.index);
+            Ok::<(), Error>(())
+        });
+        let found = self.with_shard(shard, |st| {
+            st.malloc(dev, self.index, size, stream, true, &NoPeers)
+        });
         let ptr = found
             .map_err(|e| self.malloc_failed(e, size))?
             .expect("the last attempt either allocates or reports out of memory");
@@ -283,15 +302,9 @@ impl CachingAllocator {
     }
 
     fn settle_fences_on(&self, stream: StreamHandle) -> Result<(), Error> {
-        for other in self.shards.all() {
-            if other.stream != stream {
-                let mut st = other.state.lock();
-                let settled = st.settle_fences_on(&*self.device, self.index, stream);
-                self.set_pending(other, st.pending_count());
-                settled?;
-            }
-        }
-        Ok(())
+        self.for_other_shards(stream, |st| {
+            st.settle_fences_on(&*self.device, self.index, stream)
+        })
     }
 
     /// Stops routing to private pool `id` (PyTorch's `endAllocateToPool`).
@@ -476,11 +489,8 @@ impl CachingAllocator {
     pub fn empty_cache(&self) -> Result<(), Error> {
         let mut result = Ok(());
         for s in self.shards.all() {
-            let mut st = s.state.lock();
-            if let Err(e) = st.empty_cache(&*self.device, self.index) {
-                result = result.and(Err(e));
-            }
-            self.set_pending(s, st.pending_count());
+            let emptied = self.with_shard(s, |st| st.empty_cache(&*self.device, self.index));
+            result = result.and(emptied);
         }
         result
     }
