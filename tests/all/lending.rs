@@ -9,6 +9,28 @@ use npualloc::{CachingAllocator, Device, StreamHandle};
 
 use crate::common::*;
 
+/// A manual-mode device where stream 1 has borrowed an 8 MiB block of stream 0's
+/// segment (a 4 MiB anchor keeps that segment from being lent whole):
+/// (device, allocator, stream 1, anchor, the lent block).
+fn with_a_lent_block() -> (Arc<SimDevice>, CachingAllocator, StreamHandle, usize, usize) {
+    let (sim, a) = manual(1 << 30);
+    let s1 = sim.create_stream(0).unwrap();
+    let anchor = a.malloc(4 * MIB, S0).unwrap();
+    let q = a.malloc(8 * MIB, s1).unwrap();
+    assert_eq!(
+        a.base_allocation(q).unwrap().0,
+        a.base_allocation(anchor).unwrap().0,
+        "not served from stream 0's segment"
+    );
+    (sim, a, s1, anchor, q)
+}
+
+/// Ends the capture of the tests' pool (7, 7) and drops its use.
+fn end_capture(a: &CachingAllocator) {
+    a.end_allocate_to_pool((7, 7)).unwrap();
+    a.release_pool((7, 7)).unwrap();
+}
+
 /// A lending just happened: no device allocation, one event recorded on the lender
 /// (`records` before), the borrower `s1` waits on the device, the host never waited.
 #[track_caller]
@@ -256,14 +278,7 @@ fn a_lent_block_is_ordered_after_the_lender_and_back_after_the_borrower() {
 
 #[test]
 fn no_event_is_recorded_on_a_capturing_borrower() {
-    let (sim, a) = manual(1 << 30);
-    let s1 = sim.create_stream(0).unwrap();
-    let anchor = a.malloc(4 * MIB, S0).unwrap();
-    let q = a.malloc(8 * MIB, s1).unwrap();
-    assert_eq!(
-        a.base_allocation(q).unwrap().0,
-        a.base_allocation(anchor).unwrap().0
-    );
+    let (sim, a, s1, anchor, q) = with_a_lent_block();
     a.begin_allocate_to_pool((7, 7), s1).unwrap();
     let (records, queued) = (sim.counters(0).event_records, sim.pending(0, s1).unwrap());
     a.free(q).unwrap();
@@ -277,8 +292,7 @@ fn no_event_is_recorded_on_a_capturing_borrower() {
     let r = a.malloc(8 * MIB, S0).unwrap();
     assert_ne!(r, q);
     check(&a);
-    a.end_allocate_to_pool((7, 7)).unwrap();
-    a.release_pool((7, 7)).unwrap();
+    end_capture(&a);
     a.free(r).unwrap();
     a.free(anchor).unwrap();
     assert_drained(&sim, &a);
@@ -286,10 +300,7 @@ fn no_event_is_recorded_on_a_capturing_borrower() {
 
 #[test]
 fn a_capture_begins_only_after_fences_on_its_stream_completed() {
-    let (sim, a) = manual(1 << 30);
-    let s1 = sim.create_stream(0).unwrap();
-    let anchor = a.malloc(4 * MIB, S0).unwrap();
-    let q = a.malloc(8 * MIB, s1).unwrap();
+    let (sim, a, s1, anchor, q) = with_a_lent_block();
     sim.launch(0, s1, |_| {}).unwrap();
     a.free(q).unwrap(); // dirty on stream 1, fence queued behind the kernel
     a.begin_allocate_to_pool((7, 7), s1).unwrap();
@@ -307,8 +318,7 @@ fn a_capture_begins_only_after_fences_on_its_stream_completed() {
         before
     );
     check(&a);
-    a.end_allocate_to_pool((7, 7)).unwrap();
-    a.release_pool((7, 7)).unwrap();
+    end_capture(&a);
     a.free(r).unwrap();
     a.free(anchor).unwrap();
     assert_drained(&sim, &a);
@@ -316,10 +326,7 @@ fn a_capture_begins_only_after_fences_on_its_stream_completed() {
 
 #[test]
 fn snapshots_show_lent_and_dirty_blocks() {
-    let (sim, a) = manual(1 << 30);
-    let s1 = sim.create_stream(0).unwrap();
-    let anchor = a.malloc(4 * MIB, S0).unwrap();
-    let q = a.malloc(8 * MIB, s1).unwrap();
+    let (sim, a, s1, anchor, q) = with_a_lent_block();
     let block_at = |v: &serde_json::Value, addr: usize| {
         v["segments"]
             .as_array()
