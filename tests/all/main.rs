@@ -3,6 +3,7 @@
 mod acl;
 mod bad_input;
 mod basic;
+mod capacity;
 mod common;
 mod cross_stream;
 mod expandable;
