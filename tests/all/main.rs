@@ -16,3 +16,4 @@ mod props;
 mod replay;
 mod stress;
 mod tagged;
+mod zoo;
