@@ -7,7 +7,10 @@
 //! What a stream has completed stays owed to it when a device-side wait (cross-stream
 //! lending) holds it back: it runs as soon as the waited-for stream gets there.
 
+pub mod capacity;
 pub mod svg;
+
+pub use capacity::{min_capacity, MinCapacity};
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
