@@ -14,5 +14,6 @@ mod mstx;
 mod pickle;
 mod props;
 mod replay;
+mod soak;
 mod stress;
 mod tagged;
