@@ -8,6 +8,8 @@ mod cross_stream;
 mod expandable;
 mod fake_acl;
 mod faults;
+mod fuzz_checks;
+mod fuzz_props;
 mod graph_pools;
 mod lending;
 mod mstx;
