@@ -11,6 +11,8 @@ cargo test --workspace --doc
 if [ -x scripts/test-c.sh ]; then
   echo "== C tests =="
   bash scripts/test-c.sh
+  echo "== C tests under AddressSanitizer + UBSan =="
+  bash scripts/test-c.sh --sanitize
 fi
 if [ -x scripts/test-python.sh ]; then
   echo "== Python tests =="

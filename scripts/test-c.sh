@@ -1,13 +1,26 @@
 #!/usr/bin/env bash
 # Builds libnpualloc and runs the C tests against include/npualloc.h: once on the
 # simulated backend, once on the fake ACL runtime (the real ACL loading code path).
+# Usage: bash scripts/test-c.sh [--sanitize]
+#   --sanitize: the C tests and the fake libraries built with AddressSanitizer and
+#   UndefinedBehaviorSanitizer (any report fails the run; leaks are reported too).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build -p npualloc-ffi
 lib=target/debug
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-flags=(-Iinclude -Itests/c -Wall -Wextra -Werror)
+san=()
+if [ "${1:-}" = "--sanitize" ]; then
+  san=(-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -g)
+  export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1
+  export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+  echo "-- with AddressSanitizer + UndefinedBehaviorSanitizer --"
+elif [ -n "${1:-}" ]; then
+  echo "unknown option '$1' (expected --sanitize)" >&2
+  exit 2
+fi
+flags=(-Iinclude -Itests/c -Wall -Wextra -Werror ${san[@]+"${san[@]}"})
 
 # The header compiles cleanly as C11 and as C++ (compile only).
 cc -std=c11 "${flags[@]}" -c tests/c/test_header.c -o "$out/header_c.o"
@@ -21,13 +34,13 @@ cc -std=c11 "${flags[@]}" tests/c/test_hooks.c "${link[@]}" -o "$out/hooks"
 cc -std=c11 "${flags[@]}" tests/c/test_mstx.c "${link[@]}" -o "$out/mstx"
 cc -std=c11 "${flags[@]}" tests/c/test_expandable.c "${link[@]}" -o "$out/expandable"
 cc -std=c11 "${flags[@]}" tests/c/test_no_vm.c "${link[@]}" -o "$out/no_vm"
-cc -shared -fPIC -O1 -fvisibility=hidden -Wall -Wextra -Werror tests/fake_mstx/fake_mstx.c -lpthread -o "$out/libms_tools_ext.so"
+cc -shared -fPIC -O1 -fvisibility=hidden -Wall -Wextra -Werror ${san[@]+"${san[@]}"} tests/fake_mstx/fake_mstx.c -lpthread -o "$out/libms_tools_ext.so"
 # The static library links too.
 cc -std=c11 "${flags[@]}" tests/c/test_abi.c "$lib/libnpualloc.a" -lpthread -ldl -lm -o "$out/abi_static"
 # The fake ACL runtime, and a variant without the virtual-memory functions.
-cc -shared -fPIC -O1 -fvisibility=hidden -Wall -Wextra -Werror tests/fake_acl/fake_acl.c -lpthread -o "$out/libascendcl.so"
+cc -shared -fPIC -O1 -fvisibility=hidden -Wall -Wextra -Werror ${san[@]+"${san[@]}"} tests/fake_acl/fake_acl.c -lpthread -o "$out/libascendcl.so"
 mkdir -p "$out/novm"
-cc -shared -fPIC -O1 -fvisibility=hidden -Wall -Wextra -Werror -DFAKE_NO_VMM tests/fake_acl/fake_acl.c -lpthread -o "$out/novm/libascendcl.so"
+cc -shared -fPIC -O1 -fvisibility=hidden -Wall -Wextra -Werror ${san[@]+"${san[@]}"} -DFAKE_NO_VMM tests/fake_acl/fake_acl.c -lpthread -o "$out/novm/libascendcl.so"
 
 run_suite() {
   "$out/abi" "$out/snapshot.json"

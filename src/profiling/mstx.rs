@@ -95,7 +95,11 @@ impl Mstx {
     }
 
     /// Loads the library if present; absent or unusable → disabled (logged at debug level).
+    /// Under Miri, which cannot load libraries, always disabled.
     pub fn load() -> Mstx {
+        if cfg!(miri) {
+            return Mstx::disabled();
+        }
         let mut search: Vec<Candidate> = loader::under_ascend_home("lib64/libms_tools_ext.so")
             .into_iter()
             .collect();

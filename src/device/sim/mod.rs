@@ -111,6 +111,8 @@ pub struct SimCounters {
     /// Misuses seen: freeing an unknown pointer, using a destroyed event, a kernel
     /// touching memory that is not allocated.
     pub violations: u64,
+    /// Failures injected so far (`fail_nth_*`) that fired.
+    pub injected_faults: u64,
 }
 
 #[derive(Default)]
@@ -120,6 +122,31 @@ struct Faults {
     malloc_kind: Mutex<Option<InjectedFailure>>,
     /// Fail the n-th next event creation; 0 = off.
     event_countdown: AtomicU64,
+    /// Fail the n-th next event record; 0 = off.
+    record_countdown: AtomicU64,
+    /// Fail the n-th next event query; 0 = off.
+    query_countdown: AtomicU64,
+    /// Injected failures that fired.
+    fired: AtomicU64,
+}
+
+impl Faults {
+    /// Whether the call counted down by `countdown` fails now (and counts it).
+    fn fire(&self, countdown: &AtomicU64) -> bool {
+        let due = tick(countdown);
+        if due {
+            self.fired.fetch_add(1, Ordering::Relaxed);
+        }
+        due
+    }
+}
+
+fn injected_failure(call: &'static str) -> DeviceError {
+    DeviceError::Runtime {
+        call,
+        code: 507899,
+        message: "injected failure".into(),
+    }
 }
 
 fn tick(countdown: &AtomicU64) -> bool {
@@ -173,7 +200,7 @@ fn never_completes(done: bool, call: &'static str, message: &str) -> Result<(), 
 impl DevState {
     /// The injected failure of this device allocation (malloc or page mapping), if due.
     fn injected(&self, call: &'static str, size: usize) -> Option<DeviceError> {
-        if !tick(&self.faults.malloc_countdown) {
+        if !self.faults.fire(&self.faults.malloc_countdown) {
             return None;
         }
         Some(match *self.faults.malloc_kind.lock() {
@@ -446,6 +473,20 @@ impl SimDevice {
         }
     }
 
+    /// Makes the `nth` next event record on `device` fail (1 = the next one).
+    pub fn fail_nth_event_record(&self, device: DeviceIndex, nth: u64) {
+        if let Ok(d) = self.dev(device) {
+            d.faults.record_countdown.store(nth, Ordering::Release);
+        }
+    }
+
+    /// Makes the `nth` next event query on `device` fail (1 = the next one).
+    pub fn fail_nth_event_query(&self, device: DeviceIndex, nth: u64) {
+        if let Ok(d) = self.dev(device) {
+            d.faults.query_countdown.store(nth, Ordering::Release);
+        }
+    }
+
     /// Current counters of `device`.
     pub fn counters(&self, device: DeviceIndex) -> SimCounters {
         let Ok(d) = self.dev(device) else {
@@ -466,6 +507,7 @@ impl SimDevice {
             synchronizations: d.syncs.load(Ordering::Relaxed),
             stalled_waits: d.streams.read().values().map(|s| s.stalls()).sum(),
             violations: d.memory.violations(),
+            injected_faults: d.faults.fired.load(Ordering::Relaxed),
         }
     }
 }
@@ -530,12 +572,8 @@ impl Device for SimDevice {
 
     fn event_create(&self, device: DeviceIndex) -> Result<EventHandle, DeviceError> {
         let d = self.dev(device)?;
-        if tick(&d.faults.event_countdown) {
-            return Err(DeviceError::Runtime {
-                call: "sim_event_create",
-                code: 507899,
-                message: "injected failure".into(),
-            });
+        if d.faults.fire(&d.faults.event_countdown) {
+            return Err(injected_failure("sim_event_create"));
         }
         let handle = self.next_handle.fetch_add(0x10, Ordering::Relaxed);
         d.events
@@ -566,6 +604,10 @@ impl Device for SimDevice {
     ) -> Result<(), DeviceError> {
         let ev = self.event(device, event)?;
         let s = self.stream(device, stream)?;
+        let d = self.dev(device)?;
+        if d.faults.fire(&d.faults.record_countdown) {
+            return Err(injected_failure("sim_event_record"));
+        }
         s.push_record(stream.0, ev.record());
         self.dev(device)?
             .event_records
@@ -574,7 +616,12 @@ impl Device for SimDevice {
     }
 
     fn event_query(&self, device: DeviceIndex, event: EventHandle) -> Result<bool, DeviceError> {
-        Ok(self.event(device, event)?.is_complete())
+        let ev = self.event(device, event)?;
+        let d = self.dev(device)?;
+        if d.faults.fire(&d.faults.query_countdown) {
+            return Err(injected_failure("sim_event_query"));
+        }
+        Ok(ev.is_complete())
     }
 
     fn event_synchronize(

@@ -1,0 +1,9 @@
+//! Fuzz target: `fuzz_checks::config_input` (shared with the stable property tests).
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+#[path = "../../tests/all/fuzz_checks.rs"]
+mod fuzz_checks;
+
+fuzz_target!(|data: &[u8]| fuzz_checks::config_input(data));
