@@ -17,6 +17,7 @@ pub mod replay;
 pub mod snapshot;
 pub mod stats;
 pub mod stream;
+pub mod summary;
 pub mod trace;
 
 pub use allocator::{CachingAllocator, OomInfo};
