@@ -349,7 +349,8 @@ int npualloc_empty_cache_device(int device);
 
 /**
  * Writes a memory snapshot of every device (JSON in the shape of PyTorch's
- * `torch.cuda.memory._snapshot()`) to the file `path`.
+ * `torch.cuda.memory._snapshot()`) to the file `path`. A NULL or empty path gives
+ * NPUALLOC_ERR_INVALID_ARGUMENT, a file that cannot be written NPUALLOC_ERR_IO.
  */
 int npualloc_dump_snapshot(const char *path);
 
@@ -409,7 +410,8 @@ const char *npualloc_last_error(void);
  * Opens an mstx range named `message` on `stream` and stores its id in `*out_id`
  * (0 when libms_tools_ext.so is absent or no profiler is attached: nothing to end).
  * The message must be non-empty, without NUL, at most 255 bytes; it is cut to 156
- * bytes on a UTF-8 boundary before being sent.
+ * bytes on a UTF-8 boundary before being sent. The message is checked whether or not
+ * the library is loaded.
  */
 int npualloc_mstx_range_start(const char *message, npualloc_stream stream, uint64_t *out_id);
 
@@ -419,7 +421,8 @@ int npualloc_mstx_range_start(const char *message, npualloc_stream stream, uint6
 int npualloc_mstx_range_end(uint64_t id);
 
 /**
- * Places an instantaneous mstx marker named `message` on `stream`.
+ * Places an instantaneous mstx marker named `message` on `stream`. The message must
+ * be non-empty, without NUL, at most 255 bytes, whether or not the library is loaded.
  */
 int npualloc_mstx_mark(const char *message, npualloc_stream stream);
 

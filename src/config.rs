@@ -14,6 +14,10 @@ use crate::error::Error;
 const MIB: usize = 1 << 20;
 /// Number of power-of-two size intervals `roundup_power2_divisions` covers (1 MiB to 64 GiB).
 pub const ROUNDUP_INTERVALS: usize = 16;
+/// Most divisions `roundup_power2_divisions` accepts: at 64 GiB, 2^27 divisions are
+/// already a 512-byte step (the block granularity), so more would mean nothing (and
+/// larger values overflowed the rounding).
+pub const MAX_ROUNDUP_DIVISIONS: usize = 1 << 27;
 
 /// Settings that turn off npualloc's additions, giving PyTorch's caching-allocator
 /// policy exactly (replays of the shipped traces match PyTorch's figures).
@@ -119,6 +123,20 @@ fn parse_pow2(key: &str, value: &str, allow_zero: bool) -> Result<usize, Error> 
     } else {
         Err(bad(key, value, "expected a power of two"))
     }
+}
+
+/// A `roundup_power2_divisions` value: a power of two up to [`MAX_ROUNDUP_DIVISIONS`]
+/// (or 0 in a list, meaning no rounding for that interval).
+fn parse_division_count(key: &str, value: &str, allow_zero: bool) -> Result<usize, Error> {
+    let d = parse_pow2(key, value, allow_zero)?;
+    if d > MAX_ROUNDUP_DIVISIONS {
+        return Err(bad(
+            key,
+            value,
+            &format!("expected at most {MAX_ROUNDUP_DIVISIONS} divisions"),
+        ));
+    }
+    Ok(d)
 }
 
 impl Config {
@@ -245,7 +263,7 @@ fn split_top_level(s: &str) -> Vec<&str> {
 fn parse_divisions(key: &str, value: &str) -> Result<[usize; ROUNDUP_INTERVALS], Error> {
     let mut table = [0; ROUNDUP_INTERVALS];
     let Some(list) = value.strip_prefix('[') else {
-        let d = parse_pow2(key, value, false)?;
+        let d = parse_division_count(key, value, false)?;
         return Ok([d; ROUNDUP_INTERVALS]);
     };
     let list = list
@@ -261,7 +279,7 @@ fn parse_divisions(key: &str, value: &str) -> Result<[usize; ROUNDUP_INTERVALS],
                 &format!("list entry '{entry}' is not size:divisions"),
             )
         })?;
-        let d = parse_pow2(key, v, true)?;
+        let d = parse_division_count(key, v, true)?;
         if k == ">" {
             for slot in table
                 .iter_mut()
@@ -355,6 +373,16 @@ mod tests {
     }
 
     #[test]
+    fn the_most_divisions_accepted_round_without_overflow() {
+        let c =
+            Config::parse(&format!("roundup_power2_divisions:{MAX_ROUNDUP_DIVISIONS}")).unwrap();
+        for size in [512, 513, 3 * MIB + 1, (5 << 30) + 7, (64 << 30) + 1] {
+            let r = crate::pool::rounding::round_size(size, &c).unwrap();
+            assert!(r >= size && r % 512 == 0, "{size} -> {r}");
+        }
+    }
+
+    #[test]
     fn rejects_bad_input_naming_the_key() {
         for (s, needle) in [
             ("foo:1", "foo"),
@@ -367,6 +395,12 @@ mod tests {
             ("adaptive_segments:1", "True or False"),
             ("max_split_size_mb", "key:value"),
             ("roundup_power2_divisions:[256:1", "closing"),
+            (
+                "roundup_power2_divisions:36028797018963968",
+                "at most 134217728",
+            ),
+            ("roundup_power2_divisions:268435456", "at most 134217728"),
+            ("roundup_power2_divisions:[256:1,>:268435456]", "at most"),
             ("large_segment_size_mb:3", "multiple of 2 MiB"),
             ("large_segment_size_mb:2048", "at most 1024"),
             ("small_segment_size_mb:0", "at least 2"),

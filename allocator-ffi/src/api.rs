@@ -250,11 +250,15 @@ pub extern "C" fn npualloc_empty_cache_device(device: c_int) -> c_int {
 }
 
 /// Writes a memory snapshot of every device (JSON in the shape of PyTorch's
-/// `torch.cuda.memory._snapshot()`) to the file `path`.
+/// `torch.cuda.memory._snapshot()`) to the file `path`. A NULL or empty path gives
+/// NPUALLOC_ERR_INVALID_ARGUMENT, a file that cannot be written NPUALLOC_ERR_IO.
 #[no_mangle]
 pub extern "C" fn npualloc_dump_snapshot(path: *const c_char) -> c_int {
     code("npualloc_dump_snapshot", || {
         let path = c_str("path", path)?;
+        if path.is_empty() {
+            return Err(Failure::new(NPUALLOC_ERR_INVALID_ARGUMENT, "path is empty"));
+        }
         let rt = runtime()?;
         let allocators: Vec<_> = rt.existing().collect();
         let json = npualloc_core::snapshot::snapshot(&allocators);

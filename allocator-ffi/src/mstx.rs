@@ -13,7 +13,8 @@ use crate::types::npualloc_stream;
 /// Opens an mstx range named `message` on `stream` and stores its id in `*out_id`
 /// (0 when libms_tools_ext.so is absent or no profiler is attached: nothing to end).
 /// The message must be non-empty, without NUL, at most 255 bytes; it is cut to 156
-/// bytes on a UTF-8 boundary before being sent.
+/// bytes on a UTF-8 boundary before being sent. The message is checked whether or not
+/// the library is loaded.
 #[no_mangle]
 pub extern "C" fn npualloc_mstx_range_start(
     message: *const c_char,
@@ -46,7 +47,8 @@ pub extern "C" fn npualloc_mstx_range_end(id: u64) -> c_int {
     })
 }
 
-/// Places an instantaneous mstx marker named `message` on `stream`.
+/// Places an instantaneous mstx marker named `message` on `stream`. The message must
+/// be non-empty, without NUL, at most 255 bytes, whether or not the library is loaded.
 #[no_mangle]
 pub extern "C" fn npualloc_mstx_mark(message: *const c_char, stream: npualloc_stream) -> c_int {
     code("npualloc_mstx_mark", || {

@@ -10,7 +10,8 @@ use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::{json, Value};
 
-use npualloc::replay::{self, svg, ReplayOptions, ReplayReport};
+use npualloc::config::PYTORCH_POLICY;
+use npualloc::replay::{self, svg, MinCapacity, ReplayOptions, ReplayReport};
 use npualloc::snapshot::segments_json;
 use npualloc::stats::format_size;
 use npualloc::trace::{self, Trace};
@@ -32,7 +33,8 @@ struct ReplayArgs {
     /// Trace files.
     #[arg(required = true)]
     traces: Vec<PathBuf>,
-    /// Allocator settings (PyTorch syntax); repeat to compare side by side.
+    /// Allocator settings (PyTorch syntax); repeat to compare side by side. A leading
+    /// `pytorch` stands for PyTorch's policy (`pytorch,expandable_segments:True`).
     #[arg(long = "conf")]
     confs: Vec<String>,
     /// Simulated device capacity (bytes, or with K/M/G/T).
@@ -60,6 +62,10 @@ struct ReplayArgs {
     /// freed before the next), to see steady state.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
     repeat: u16,
+    /// Also binary-search the smallest capacity (1 MiB steps, up to --capacity) at which
+    /// each replay completes with no OOM, and report the replay there.
+    #[arg(long)]
+    min_capacity: bool,
 }
 
 #[derive(Subcommand)]
@@ -104,6 +110,15 @@ fn parse_capacity(s: &str) -> Result<usize, String> {
         .and_then(|n| n.checked_mul(mult))
         .filter(|&n| n > 0)
         .ok_or_else(|| format!("--capacity '{s}' is not a size such as 64G or 1073741824"))
+}
+
+/// Expands a leading `pytorch` item of a settings string into PyTorch's policy.
+fn expand_conf(conf: &str) -> String {
+    match conf.split_once(',') {
+        _ if conf.trim() == "pytorch" => PYTORCH_POLICY.to_string(),
+        Some((first, rest)) if first.trim() == "pytorch" => format!("{PYTORCH_POLICY},{rest}"),
+        _ => conf.to_string(),
+    }
 }
 
 fn load(path: &Path, device: Option<usize>) -> Result<Trace, String> {
@@ -165,12 +180,45 @@ fn bytes(n: u64) -> String {
 /// Formats one table cell of a report.
 type Cell = fn(&ReplayReport) -> String;
 
-fn table(reports: &[ReplayReport]) -> String {
+/// The rows `--min-capacity` adds: the search's result and the replay at it.
+fn min_rows(m: &MinCapacity) -> Vec<String> {
+    match m {
+        MinCapacity::Fits {
+            capacity, at_min, ..
+        } => vec![
+            bytes(*capacity),
+            format!("{:.3}", m.ratio().unwrap_or(0.0)),
+            at_min.device_mallocs.to_string(),
+            at_min.host_syncs.to_string(),
+            at_min.stalled_waits.to_string(),
+            at_min.retries.to_string(),
+        ],
+        MinCapacity::NoFit { limit, ooms } => {
+            let mut v = vec![format!(
+                "none: {ooms} OOMs at {}",
+                format_size(*limit as usize)
+            )];
+            v.resize(6, "-".into());
+            v
+        }
+    }
+}
+
+const MIN_ROWS: [&str; 6] = [
+    "min capacity",
+    "min cap / requested",
+    "  device mallocs",
+    "  host syncs",
+    "  stalled waits",
+    "  retries",
+];
+
+fn table(reports: &[ReplayReport], mins: &[MinCapacity]) -> String {
     let label = |r: &ReplayReport| {
         if r.conf.is_empty() {
             "default".to_string()
         } else {
-            r.conf.clone()
+            r.conf.replace(PYTORCH_POLICY, "pytorch")
         }
     };
     let rows: Vec<(&str, Cell)> = vec![
@@ -195,19 +243,25 @@ fn table(reports: &[ReplayReport]) -> String {
     ];
     let cols: Vec<Vec<String>> = reports
         .iter()
-        .map(|r| {
+        .enumerate()
+        .map(|(i, r)| {
             std::iter::once(label(r))
                 .chain(rows.iter().map(|(_, f)| f(r)))
+                .chain(mins.get(i).map(min_rows).unwrap_or_default())
                 .collect()
         })
         .collect();
+    let mut names: Vec<&str> = rows.iter().map(|(n, _)| *n).collect();
+    if !mins.is_empty() {
+        names.extend(MIN_ROWS);
+    }
     let widths: Vec<usize> = cols
         .iter()
         .map(|c| c.iter().map(|s| s.len()).max().unwrap_or(0))
         .collect();
     let mut out = String::new();
-    for i in 0..=rows.len() {
-        let name = if i == 0 { "" } else { rows[i - 1].0 };
+    for i in 0..=names.len() {
+        let name = if i == 0 { "" } else { names[i - 1] };
         out.push_str(&format!("  {name:<22}"));
         for (c, w) in cols.iter().zip(&widths) {
             out.push_str(&format!("  {:>w$}", c[i], w = *w));
@@ -217,8 +271,28 @@ fn table(reports: &[ReplayReport]) -> String {
     out
 }
 
-fn report_json(r: &ReplayReport) -> Value {
-    json!({
+fn min_json(m: &MinCapacity) -> Value {
+    match m {
+        MinCapacity::Fits {
+            capacity,
+            at_min,
+            replays,
+            ..
+        } => json!({
+            "bytes": capacity, "over_requested": m.ratio(),
+            "device_mallocs": at_min.device_mallocs, "device_frees": at_min.device_frees,
+            "host_syncs": at_min.host_syncs, "stalled_waits": at_min.stalled_waits,
+            "retries": at_min.retries, "peak_reserved": at_min.peak_reserved,
+            "replays": replays,
+        }),
+        MinCapacity::NoFit { limit, ooms } => json!({
+            "bytes": null, "does_not_fit_in": limit, "ooms": ooms,
+        }),
+    }
+}
+
+fn report_json(r: &ReplayReport, min: Option<&MinCapacity>) -> Value {
+    let mut v = json!({
         "trace": r.name, "conf": r.conf, "events": r.events, "allocations": r.allocations,
         "peak_requested": r.peak_requested, "peak_allocated": r.peak_allocated,
         "peak_reserved": r.peak_reserved, "reserved_over_requested": r.ratio(),
@@ -230,7 +304,11 @@ fn report_json(r: &ReplayReport) -> Value {
         "events_per_sec": r.events_per_sec(),
         "empty_segment_bytes_at_peak": svg::empty_segment_bytes(&r.peak_segments),
         "reserved_after_drain": r.reserved_after_drain,
-    })
+    });
+    if let Some(m) = min {
+        v["min_capacity"] = min_json(m);
+    }
+    v
 }
 
 fn snapshot_json(r: &ReplayReport) -> Value {
@@ -272,7 +350,7 @@ fn html_page(reports: &[ReplayReport]) -> String {
         body.push_str(&format!(
             "<h2>{}</h2>\n<pre>{}</pre>\n{}\n",
             r.name,
-            table(std::slice::from_ref(r)),
+            table(std::slice::from_ref(r), &[]),
             svg::render(r)
         ));
     }
@@ -295,18 +373,24 @@ fn replay_cmd(args: ReplayArgs) -> Result<(), String> {
         device,
         quiet,
         repeat,
+        min_capacity,
     } = args;
     let capacity = parse_capacity(&capacity)?;
     if confs.is_empty() {
         confs.push(String::new());
     }
+    for c in &mut confs {
+        *c = expand_conf(c);
+    }
     let detail = svg_path.is_some() || html.is_some() || snapshot.is_some();
     let many = traces.len() * confs.len() > 1;
     let mut all = Vec::new();
+    let mut all_mins = Vec::new();
     let mut index = 0;
     for path in &traces {
         let trace = load(path, device)?.repeated(repeat.into());
         let mut reports = Vec::new();
+        let mut mins = Vec::new();
         for conf in &confs {
             let opts = ReplayOptions {
                 conf: conf.clone(),
@@ -325,19 +409,35 @@ fn replay_cmd(args: ReplayArgs) -> Result<(), String> {
             }
             index += 1;
             reports.push(r);
+            if min_capacity {
+                let m = replay::min_capacity(
+                    &trace,
+                    &ReplayOptions {
+                        detail: false,
+                        ..opts
+                    },
+                )
+                .map_err(|e| format!("{}: {e}", trace.name))?;
+                mins.push(m);
+            }
         }
         if !json_out {
             println!(
                 "{} ({} events)\n{}",
                 trace.name,
                 trace.ops.len(),
-                table(&reports)
+                table(&reports, &mins)
             );
         }
         all.extend(reports);
+        all_mins.extend(mins);
     }
     if json_out {
-        let v: Vec<Value> = all.iter().map(report_json).collect();
+        let v: Vec<Value> = all
+            .iter()
+            .enumerate()
+            .map(|(i, r)| report_json(r, all_mins.get(i)))
+            .collect();
         println!(
             "{}",
             serde_json::to_string_pretty(&v).expect("serialisable")

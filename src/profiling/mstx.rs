@@ -166,16 +166,18 @@ impl Mstx {
         self.loaded.as_ref().is_some_and(|l| l.domain != 0)
     }
 
-    /// Opens a range; `None` when markers are off or mstx reports failure (id 0).
+    /// Opens a range; `None` when markers are off or mstx reports failure (id 0). The
+    /// message is checked either way.
     pub fn range_start(
         &self,
         message: &str,
         stream: StreamHandle,
     ) -> Result<Option<RangeId>, Error> {
+        // Checked first, so a bad message is an error whether or not markers are on.
+        let msg = prepare_message(message)?;
         let Some(l) = &self.loaded else {
             return Ok(None);
         };
-        let msg = prepare_message(message)?;
         let s = stream.0 as Ptr;
         // SAFETY: valid C string for the call's duration; the domain (if any) came from
         // mstxDomainCreateA; the functions come from the loaded table.
@@ -201,12 +203,12 @@ impl Mstx {
         }
     }
 
-    /// An instantaneous marker.
+    /// An instantaneous marker (the message is checked even when markers are off).
     pub fn mark(&self, message: &str, stream: StreamHandle) -> Result<(), Error> {
+        let msg = prepare_message(message)?;
         let Some(l) = &self.loaded else {
             return Ok(());
         };
-        let msg = prepare_message(message)?;
         // SAFETY: as in range_start.
         unsafe {
             match (l.domain, l.f.domain_mark) {

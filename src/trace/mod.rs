@@ -74,29 +74,38 @@ pub struct TraceError {
 /// Header line written at the top of every trace.
 pub const HEADER: &str = "# npualloc-trace v1";
 
-/// Tracks live ids while parsing or writing, to reject inconsistent traces.
+/// Tracks live ids and their bytes while parsing, to reject inconsistent traces.
 #[derive(Default)]
 struct Liveness {
-    state: HashMap<u64, bool>, // id -> live?
+    state: HashMap<u64, (bool, u64)>, // id -> (live?, bytes)
+    live_bytes: u64,
 }
 
 impl Liveness {
-    fn alloc(&mut self, id: u64) -> Result<(), String> {
-        if self.state.insert(id, true).is_some() {
+    fn alloc(&mut self, id: u64, size: u64) -> Result<(), String> {
+        if self.state.contains_key(&id) {
             return Err(format!(
                 "duplicate allocation id {id} (ids are unique per allocation)"
             ));
         }
+        self.live_bytes = self.live_bytes.checked_add(size).ok_or_else(|| {
+            format!(
+                "allocation {id} of {size} bytes takes the live total past {} bytes",
+                u64::MAX
+            )
+        })?;
+        self.state.insert(id, (true, size));
         Ok(())
     }
 
     fn use_live(&mut self, id: u64, what: &str, free: bool) -> Result<(), String> {
         match self.state.get_mut(&id) {
             None => Err(format!("{what} of unknown id {id} (never allocated)")),
-            Some(false) => Err(format!("{what} of id {id}, which was already freed")),
-            Some(live) => {
+            Some((false, _)) => Err(format!("{what} of id {id}, which was already freed")),
+            Some((live, size)) => {
                 if free {
                     *live = false;
+                    self.live_bytes -= *size;
                 }
                 Ok(())
             }
@@ -127,7 +136,7 @@ fn parse_line(line: &str, live: &mut Liveness) -> Result<Option<Op>, String> {
             let id = num(it.next(), "allocation id")?;
             let size: u64 = num(it.next(), "size in bytes")?;
             let stream = num(it.next(), "stream")?;
-            live.alloc(id)?;
+            live.alloc(id, size)?;
             Op::Alloc { id, size, stream }
         }
         "f" => {
@@ -205,7 +214,8 @@ impl Trace {
         Ok(())
     }
 
-    /// Largest sum of requested bytes of live allocations over the trace.
+    /// Largest sum of requested bytes of live allocations over the trace (saturating at
+    /// `u64::MAX`; [`parse`] refuses a trace whose live bytes would pass it).
     pub fn peak_requested(&self) -> u64 {
         let mut sizes = HashMap::new();
         let (mut cur, mut peak) = (0u64, 0u64);
@@ -213,10 +223,10 @@ impl Trace {
             match *op {
                 Op::Alloc { id, size, .. } => {
                     sizes.insert(id, size);
-                    cur += size;
+                    cur = cur.saturating_add(size);
                     peak = peak.max(cur);
                 }
-                Op::Free { id } => cur -= sizes.remove(&id).unwrap_or(0),
+                Op::Free { id } => cur = cur.saturating_sub(sizes.remove(&id).unwrap_or(0)),
                 _ => {}
             }
         }
@@ -224,29 +234,32 @@ impl Trace {
     }
 
     /// The trace `n` times in a row, as a training loop runs it: what a repetition left
-    /// live is freed before the next starts; ids are renumbered so each stays unique.
-    /// `n <= 1` gives the trace unchanged.
+    /// live is freed before the next starts (in order of the original ids); ids are
+    /// renumbered densely (repetition `k`'s `j`-th allocation is `k * allocations + j`),
+    /// so each stays unique whatever the original ids. `n <= 1` gives the trace unchanged.
     pub fn repeated(&self, n: usize) -> Trace {
         if n <= 1 {
             return self.clone();
         }
-        let span = self
+        let dense: HashMap<u64, u64> = self
             .ops
             .iter()
             .filter_map(|op| match *op {
                 Op::Alloc { id, .. } => Some(id),
                 _ => None,
             })
-            .max()
-            .map_or(1, |m| m + 1);
-        let mut ops = Vec::with_capacity(self.ops.len() * n);
+            .zip(0..)
+            .collect();
+        let span = dense.len().max(1) as u64;
+        let mut ops = Vec::with_capacity(self.ops.len().checked_mul(n).unwrap_or(0));
         for k in 0..n as u64 {
-            let shift = |id: u64| id + k * span;
-            let mut live = std::collections::BTreeSet::new();
+            let base = k * span; // k * span < n * ops.len(), which fits memory
+            let shift = |id: u64| base + dense.get(&id).copied().unwrap_or(0);
+            let mut live = std::collections::BTreeMap::new();
             for op in &self.ops {
                 ops.push(match *op {
                     Op::Alloc { id, size, stream } => {
-                        live.insert(shift(id));
+                        live.insert(id, shift(id));
                         Op::Alloc {
                             id: shift(id),
                             size,
@@ -254,7 +267,7 @@ impl Trace {
                         }
                     }
                     Op::Free { id } => {
-                        live.remove(&shift(id));
+                        live.remove(&id);
                         Op::Free { id: shift(id) }
                     }
                     Op::Record { id, stream } => Op::Record {
@@ -264,7 +277,7 @@ impl Trace {
                     Op::Sync { stream } => Op::Sync { stream },
                 });
             }
-            ops.extend(live.into_iter().map(|id| Op::Free { id }));
+            ops.extend(live.into_values().map(|id| Op::Free { id }));
         }
         Trace {
             name: if n == 1 {
@@ -279,7 +292,7 @@ impl Trace {
     /// The least any allocator must hold without making streams wait for each other:
     /// the largest sum of live requested bytes plus bytes freed but still in use on a
     /// stream they were recorded on (that stream had work queued after the `r` and has
-    /// not reached its next `s`).
+    /// not reached its next `s`). Saturates at `u64::MAX`.
     pub fn pending_floor(&self) -> u64 {
         use std::collections::HashSet;
         let mut live: HashMap<u64, (u64, Vec<u32>)> = HashMap::new();
@@ -291,7 +304,7 @@ impl Trace {
             match *op {
                 Op::Alloc { id, size, .. } => {
                     live.insert(id, (size, Vec::new()));
-                    cur += size;
+                    cur = cur.saturating_add(size);
                 }
                 Op::Record { id, stream } => {
                     if let Some((_, uses)) = live.get_mut(&id) {
@@ -301,10 +314,10 @@ impl Trace {
                 }
                 Op::Free { id } => {
                     if let Some((size, mut uses)) = live.remove(&id) {
-                        cur -= size;
+                        cur = cur.saturating_sub(size);
                         uses.retain(|s| busy.contains(s));
                         if !uses.is_empty() {
-                            held += size;
+                            held = held.saturating_add(size);
                             pending.insert(id, (size, uses));
                         }
                     }
@@ -314,13 +327,13 @@ impl Trace {
                     pending.retain(|_, (size, uses)| {
                         uses.retain(|s| *s != stream);
                         if uses.is_empty() {
-                            held -= *size;
+                            held = held.saturating_sub(*size);
                         }
                         !uses.is_empty()
                     });
                 }
             }
-            floor = floor.max(cur + held);
+            floor = floor.max(cur.saturating_add(held));
         }
         floor
     }
@@ -348,6 +361,56 @@ mod tests {
         );
         assert_eq!(r.ops[11], Op::Free { id: 5 });
         assert_eq!(t.repeated(1).ops, t.ops);
+    }
+
+    #[test]
+    fn huge_sizes_and_ids_neither_panic_nor_wrap() {
+        // 16 live allocations of 2^60 bytes reach 2^64: refused on the line that does it.
+        let text: String = (0..17)
+            .map(|i| format!("a {i} {} 0\n", 1u64 << 60))
+            .collect();
+        let e = parse(&text, "big.trace").unwrap_err();
+        assert_eq!(e.line, 16, "{e}");
+        assert!(e.message.contains("live total"), "{e}");
+        // Freed in between, they are fine.
+        let text: String = (0..17)
+            .map(|i| format!("a {i} {} 0\nf {i}\n", 1u64 << 60))
+            .collect();
+        assert_eq!(parse(&text, "x").unwrap().peak_requested(), 1 << 60);
+        // Live plus pending bytes past 2^64 saturate instead of wrapping.
+        let t = parse(
+            "a 0 9223372036854775808 0\nr 0 1\nf 0\na 1 9223372036854775808 0\n",
+            "x",
+        );
+        assert_eq!(t.unwrap().pending_floor(), u64::MAX);
+        // A trace built by hand (not parsed) saturates too.
+        let t = Trace {
+            name: "hand".into(),
+            ops: (0..17)
+                .map(|id| Op::Alloc {
+                    id,
+                    size: 1 << 60,
+                    stream: 0,
+                })
+                .collect(),
+        };
+        assert_eq!(t.peak_requested(), u64::MAX);
+        assert_eq!(t.pending_floor(), u64::MAX);
+        // The largest id repeats into distinct ids.
+        let t = parse(&format!("a {} 5 0\na 3 7 0\nf 3\n", u64::MAX), "x").unwrap();
+        let r = t.repeated(3);
+        let ids: std::collections::HashSet<u64> = r
+            .ops
+            .iter()
+            .filter_map(|op| match *op {
+                Op::Alloc { id, .. } => Some(id),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(ids.len(), 6);
+        let mut out = Vec::new();
+        r.write_to(&mut out).unwrap();
+        parse(std::str::from_utf8(&out).unwrap(), "again").unwrap();
     }
 
     #[test]

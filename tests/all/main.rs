@@ -3,6 +3,7 @@
 mod acl;
 mod bad_input;
 mod basic;
+mod capacity;
 mod common;
 mod cross_stream;
 mod expandable;
@@ -16,3 +17,4 @@ mod props;
 mod replay;
 mod stress;
 mod tagged;
+mod zoo;

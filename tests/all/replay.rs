@@ -7,11 +7,11 @@ use npualloc::config::PYTORCH_POLICY;
 use npualloc::replay::{replay, ReplayOptions};
 use npualloc::trace::{self, Op};
 
-fn traces_dir() -> PathBuf {
+pub(crate) fn traces_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("traces")
 }
 
-fn load(name: &str) -> trace::Trace {
+pub(crate) fn load(name: &str) -> trace::Trace {
     let text = std::fs::read_to_string(traces_dir().join(name)).unwrap();
     trace::parse(&text, name).unwrap()
 }

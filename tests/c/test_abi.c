@@ -309,7 +309,33 @@ static void test_snapshot(const char *path) {
   }
   CHECK(npualloc_dump_snapshot("/nonexistent-dir/x.json") == NPUALLOC_ERR_IO);
   CHECK(npualloc_dump_snapshot(NULL) == NPUALLOC_ERR_INVALID_ARGUMENT);
+  CHECK(npualloc_dump_snapshot("") == NPUALLOC_ERR_INVALID_ARGUMENT);
+  CHECK(npualloc_last_error() && strstr(npualloc_last_error(), "empty") != NULL);
   npualloc_free(p, 0, 0, NULL);
+}
+
+/* Before any allocation: a roundup_power2_divisions value that overflowed the rounding
+ * (2^55) is refused, and allocation works afterwards. */
+static void test_configure_bounds(void) {
+  CHECK(npualloc_configure("roundup_power2_divisions:36028797018963968") == NPUALLOC_ERR_INVALID_ARGUMENT);
+  CHECK(npualloc_last_error() && strstr(npualloc_last_error(), "at most") != NULL);
+  CHECK(npualloc_configure("roundup_power2_divisions:[256:1,>:268435456]") == NPUALLOC_ERR_INVALID_ARGUMENT);
+}
+
+/* Without the profiler library (none is set here) mstx messages are checked exactly as
+ * with it (test_mstx.c). */
+static void test_mstx_without_library(void) {
+  char longmsg[300];
+  memset(longmsg, 'x', sizeof longmsg - 1);
+  longmsg[sizeof longmsg - 1] = 0;
+  uint64_t id = 7;
+  CHECK(npualloc_mstx_mark("", NULL) == NPUALLOC_ERR_INVALID_ARGUMENT);
+  CHECK(npualloc_mstx_mark(longmsg, NULL) == NPUALLOC_ERR_INVALID_ARGUMENT);
+  CHECK(npualloc_mstx_range_start("", NULL, &id) == NPUALLOC_ERR_INVALID_ARGUMENT);
+  CHECK(npualloc_mstx_range_start(longmsg, NULL, &id) == NPUALLOC_ERR_INVALID_ARGUMENT);
+  CHECK(npualloc_mstx_mark("ok", NULL) == NPUALLOC_OK);
+  CHECK(npualloc_mstx_range_start("ok", NULL, &id) == NPUALLOC_OK);
+  CHECK(id == 0); /* nothing to end */
 }
 
 static void test_hooks_too_late(void) {
@@ -334,6 +360,8 @@ static void test_drained(void) {
 int main(int argc, char **argv) {
   CHECK(npualloc_last_error() == NULL); /* a thread that never failed sees NULL */
   CHECK(npualloc_device_count() == 2);
+  test_configure_bounds();
+  test_mstx_without_library();
   test_malloc_free_reuse();
   test_zero_and_bad_sizes();
   test_unknown_pointers();

@@ -27,6 +27,8 @@ int main(void) {
   longmsg[sizeof longmsg - 1] = 0;
   CHECK(npualloc_mstx_range_start(longmsg, NULL, &id) == NPUALLOC_ERR_INVALID_ARGUMENT);
   CHECK(npualloc_mstx_range_start("", NULL, &id) == NPUALLOC_ERR_INVALID_ARGUMENT);
+  CHECK(npualloc_mstx_mark("", NULL) == NPUALLOC_ERR_INVALID_ARGUMENT);
+  CHECK(npualloc_mstx_mark(longmsg, NULL) == NPUALLOC_ERR_INVALID_ARGUMENT);
   CHECK(npualloc_mstx_range_start("x", NULL, NULL) == NPUALLOC_ERR_INVALID_ARGUMENT);
   longmsg[200] = 0; /* 200 bytes: accepted, cut to 156 */
   CHECK(npualloc_mstx_range_start(longmsg, NULL, &id) == NPUALLOC_OK);

@@ -31,7 +31,7 @@ use parking_lot::{Mutex, RwLock};
 use super::{
     Device, DeviceError, DeviceIndex, DevicePtr, EventHandle, MemInfo, PhysHandle, StreamHandle,
 };
-use stream::{EventState, Op, Progress, StreamState};
+use stream::{ChangeLog, EventState, Op, Progress, StreamState};
 
 /// How queued work runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -137,6 +137,7 @@ struct DevState {
     streams: RwLock<HashMap<StreamHandle, Arc<StreamState>>>,
     events: Mutex<HashMap<usize, Arc<EventState>>>,
     progress: Arc<Progress>,
+    changes: Arc<ChangeLog>,
     workers: Mutex<Vec<JoinHandle<()>>>,
     faults: Faults,
     mallocs: AtomicU64,
@@ -214,6 +215,7 @@ impl SimDevice {
                 streams: RwLock::new(HashMap::new()),
                 events: Mutex::new(HashMap::new()),
                 progress: Arc::new(Progress::default()),
+                changes: Arc::new(ChangeLog::default()),
                 workers: Mutex::new(Vec::new()),
                 faults: Faults::default(),
                 mallocs: AtomicU64::new(0),
@@ -250,7 +252,7 @@ impl SimDevice {
     }
 
     fn add_stream(&self, d: &DevState, handle: StreamHandle) {
-        let s = Arc::new(StreamState::new());
+        let s = Arc::new(StreamState::new(handle.0, d.changes.clone()));
         if self.config.mode == SimMode::Threaded {
             let (s2, mem, prog) = (s.clone(), d.memory.clone(), d.progress.clone());
             let h = std::thread::Builder::new()
@@ -323,6 +325,34 @@ impl SimDevice {
             s.note_blocked();
         }
         Ok(())
+    }
+
+    /// Manual mode: [`SimDevice::note_stalls`] for the given streams only (unknown
+    /// handles are skipped).
+    pub fn note_stalls_on(
+        &self,
+        device: DeviceIndex,
+        streams: impl IntoIterator<Item = StreamHandle>,
+    ) -> Result<(), DeviceError> {
+        let map = self.dev(device)?.streams.read();
+        for s in streams {
+            if let Some(s) = map.get(&s) {
+                s.note_blocked();
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts (on the first call) and drains the log of `device`'s streams whose queue
+    /// changed (operations queued or run) since the previous call, each once. Nothing
+    /// is logged before the first call.
+    pub fn changed_streams(&self, device: DeviceIndex) -> Result<Vec<StreamHandle>, DeviceError> {
+        let d = self.dev(device)?;
+        d.changes.listen();
+        let mut v = d.changes.take();
+        v.sort_unstable();
+        v.dedup();
+        Ok(v.into_iter().map(StreamHandle).collect())
     }
 
     /// (operations queued on `stream` so far, operations it has run), numbered from 1.

@@ -114,8 +114,37 @@ impl Progress {
     }
 }
 
+/// Streams whose queue changed (operations queued or run), once someone listens
+/// ([`ChangeLog::listen`]): lets a manual-mode driver visit only the streams that
+/// changed instead of every stream after every step. Duplicates are possible.
+#[derive(Default)]
+pub(super) struct ChangeLog {
+    on: AtomicBool,
+    changed: Mutex<Vec<usize>>,
+}
+
+impl ChangeLog {
+    pub fn listen(&self) {
+        self.on.store(true, Ordering::Release);
+    }
+
+    fn note(&self, stream: usize) {
+        if self.on.load(Ordering::Acquire) {
+            self.changed.lock().push(stream);
+        }
+    }
+
+    /// The streams noted since the last call (with duplicates).
+    pub fn take(&self) -> Vec<usize> {
+        std::mem::take(&mut *self.changed.lock())
+    }
+}
+
 /// One simulated stream.
 pub(super) struct StreamState {
+    /// This stream's handle, for the change log.
+    handle: usize,
+    changes: Arc<ChangeLog>,
     queue: Mutex<VecDeque<Op>>,
     work: Condvar,
     /// Serialises manual stepping so that ops of one stream never overlap.
@@ -130,8 +159,10 @@ pub(super) struct StreamState {
 }
 
 impl StreamState {
-    pub fn new() -> Self {
+    pub fn new(handle: usize, changes: Arc<ChangeLog>) -> Self {
         StreamState {
+            handle,
+            changes,
             queue: Mutex::new(VecDeque::new()),
             work: Condvar::new(),
             exec: Mutex::new(()),
@@ -150,6 +181,7 @@ impl StreamState {
         let n = self.enqueued.fetch_add(1, Ordering::AcqRel) + 1;
         drop(q);
         self.work.notify_one();
+        self.changes.note(self.handle);
         n
     }
 
@@ -275,6 +307,9 @@ impl StreamState {
             execute(op, memory);
             self.finish(progress);
             ran += 1;
+        }
+        if ran > 0 {
+            self.changes.note(self.handle);
         }
         ran
     }
