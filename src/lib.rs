@@ -11,6 +11,7 @@ pub mod allocator;
 pub mod config;
 pub mod device;
 pub mod error;
+pub mod pickle;
 pub mod pool;
 pub mod profiling;
 pub mod replay;
