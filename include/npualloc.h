@@ -448,6 +448,15 @@ int npualloc_sim_complete_stream(int device, npualloc_stream stream);
 int npualloc_sim_get_counters(int device, npualloc_sim_counters *out);
 
 /**
+ * The memory summary of `device` (the table of `torch.npu.memory_summary()`, only the
+ * "all" rows when `abbreviated`, then one line on where reserved memory goes), as a
+ * NUL-terminated string owned by the library and valid until this thread's next call
+ * of this function. NULL on error (invalid device, backend unavailable), with the
+ * reason in `npualloc_last_error()`.
+ */
+const char *npualloc_memory_summary(int device, bool abbreviated);
+
+/**
  * Binds `tag` to `stream`. Binding a tag again to another stream, or "default" to a
  * non-NULL stream, fails with NPUALLOC_ERR_INVALID_STATE; to the same stream is a no-op.
  */

@@ -11,12 +11,14 @@ pub mod allocator;
 pub mod config;
 pub mod device;
 pub mod error;
+pub mod pickle;
 pub mod pool;
 pub mod profiling;
 pub mod replay;
 pub mod snapshot;
 pub mod stats;
 pub mod stream;
+pub mod summary;
 pub mod trace;
 
 pub use allocator::{CachingAllocator, OomInfo};

@@ -3,15 +3,17 @@
 //! Every [`Stat`] keeps `current`, `peak`, `allocated` (sum of increases) and `freed`
 //! (sum of decreases); arrays are indexed by [`StatType`].
 
-/// Formats bytes as PyTorch does: "N bytes" up to 1 KiB, else "x.xx KiB/MiB/GiB".
-pub fn format_size(bytes: usize) -> String {
+/// Formats bytes as PyTorch does: "N bytes" up to 1 KiB, else "x.xx KiB/MiB/GiB";
+/// takes any integer, so a [`Stat`] field (`i64`) formats as well as a `usize`.
+pub fn format_size(bytes: impl TryInto<i128>) -> String {
     const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
-    if bytes <= 1024 {
+    let bytes: i128 = bytes.try_into().unwrap_or(i128::MAX);
+    if bytes.abs() <= 1024 {
         return format!("{bytes} bytes");
     }
     let mut v = bytes as f64 / 1024.0;
     let mut unit = 0;
-    while v >= 1024.0 && unit < UNITS.len() - 1 {
+    while v.abs() >= 1024.0 && unit < UNITS.len() - 1 {
         v /= 1024.0;
         unit += 1;
     }
@@ -66,8 +68,22 @@ impl Stat {
     }
 }
 
-/// A statistic per [`StatType`].
+/// A statistic per [`StatType`]; index it with a [`StatType`]
+/// (`stats.allocated_bytes[StatType::Aggregate]`) or its `usize` value.
 pub type StatArray = [Stat; 3];
+
+impl std::ops::Index<StatType> for StatArray {
+    type Output = Stat;
+    fn index(&self, pool: StatType) -> &Stat {
+        &self[pool as usize]
+    }
+}
+
+impl std::ops::IndexMut<StatType> for StatArray {
+    fn index_mut(&mut self, pool: StatType) -> &mut Stat {
+        &mut self[pool as usize]
+    }
+}
 
 /// Adds `amount` to the aggregate and to `pool`'s entry.
 pub fn increase(arr: &mut StatArray, pool: StatType, amount: usize) {
@@ -173,8 +189,12 @@ mod tests {
     fn sizes_format_like_pytorch() {
         assert_eq!(format_size(1024), "1024 bytes");
         assert_eq!(format_size(2048), "2.00 KiB");
-        assert_eq!(format_size(20 << 20), "20.00 MiB");
-        assert_eq!(format_size(3 << 30), "3.00 GiB");
+        assert_eq!(format_size(20usize << 20), "20.00 MiB");
+        assert_eq!(format_size(3usize << 30), "3.00 GiB");
+        // Stat fields are i64: the same text, and a negative delta keeps its sign.
+        assert_eq!(format_size(3i64 << 30), "3.00 GiB");
+        assert_eq!(format_size(-(2i64 << 20)), "-2.00 MiB");
+        assert_eq!(format_size(u128::MAX), format_size(i128::MAX));
     }
 
     #[test]
@@ -195,6 +215,9 @@ mod tests {
         increase(&mut a, StatType::LargePool, 6);
         decrease(&mut a, StatType::SmallPool, 4);
         assert_eq!(a[0].current, 6);
+        assert_eq!(a[StatType::Aggregate], a[0]);
+        assert_eq!(a[StatType::SmallPool], a[1]);
+        assert_eq!(a[StatType::LargePool].current, 6);
         assert_eq!(a[1].current, 0);
         assert_eq!(a[2].current, 6);
         assert_eq!(a[0].peak, 10);

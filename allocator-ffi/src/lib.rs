@@ -22,6 +22,7 @@ mod panic;
 mod record;
 mod runtime;
 mod sim_api;
+mod summary;
 mod tags;
 mod types;
 
@@ -30,5 +31,6 @@ pub use error::*;
 pub use hooks::npualloc_runtime_hooks;
 pub use mstx::*;
 pub use sim_api::*;
+pub use summary::*;
 pub use tags::*;
 pub use types::*;

@@ -66,6 +66,44 @@ def adamw_train_steps(model, make_batch, steps, loss_fn, params=None):
     return run
 
 
+def greedy_generate(model, ids, new_tokens, **kw):
+    """Greedy decoding of exactly ``new_tokens`` tokens (random weights never stop early)."""
+    with torch.no_grad():
+        model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            **kw,
+        )
+
+
+def image_inference(model, shapes):
+    """Inference on random images, one batch per (batch size, resolution) in ``shapes``."""
+    model.eval()
+
+    def run():
+        with torch.no_grad():
+            for b, r in shapes:
+                model(torch.randn(b, 3, r, r))
+
+    return run
+
+
+def small_unet():
+    """A Stable-Diffusion-shaped conditional UNet at a CPU-friendly width."""
+    from diffusers import UNet2DConditionModel
+
+    return UNet2DConditionModel(
+        sample_size=64,
+        block_out_channels=(128, 256, 512, 512),
+        layers_per_block=1,
+        cross_attention_dim=768,
+        attention_head_dim=8,
+    )
+
+
 def tiny_llama_config(**kw):
     from transformers import LlamaConfig
 
@@ -96,19 +134,7 @@ def llama_decode():
 
     model = LlamaForCausalLM(tiny_llama_config()).eval()
     ids = torch.randint(0, 32000, (1, 128))
-
-    def run():
-        with torch.no_grad():
-            model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=96,
-                min_new_tokens=96,
-                do_sample=False,
-                pad_token_id=0,
-            )
-
-    return run
+    return lambda: greedy_generate(model, ids, 96, pad_token_id=0)
 
 
 @workload(
@@ -121,19 +147,7 @@ def gpt2_decode_batch8():
 
     model = GPT2LMHeadModel(GPT2Config()).eval()
     ids = torch.randint(0, 50257, (8, 64))
-
-    def run():
-        with torch.no_grad():
-            model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=64,
-                min_new_tokens=64,
-                do_sample=False,
-                pad_token_id=0,
-            )
-
-    return run
+    return lambda: greedy_generate(model, ids, 64, pad_token_id=0)
 
 
 @workload(
@@ -143,14 +157,7 @@ def gpt2_decode_batch8():
 def vit_infer():
     import torchvision
 
-    model = torchvision.models.vit_b_16(weights=None).eval()
-
-    def run():
-        with torch.no_grad():
-            for _ in range(3):
-                model(torch.randn(4, 3, 224, 224))
-
-    return run
+    return image_inference(torchvision.models.vit_b_16(weights=None), [(4, 224)] * 3)
 
 
 @workload(
@@ -161,14 +168,8 @@ def vit_infer():
 def mobilenet_infer():
     import torchvision
 
-    model = torchvision.models.mobilenet_v3_large(weights=None).eval()
-
-    def run():
-        with torch.no_grad():
-            for _ in range(4):
-                model(torch.randn(16, 3, 224, 224))
-
-    return run
+    model = torchvision.models.mobilenet_v3_large(weights=None)
+    return image_inference(model, [(16, 224)] * 4)
 
 
 @workload(
@@ -222,15 +223,8 @@ def bert_infer_varlen():
 def resnet50_infer_varbatch():
     import torchvision
 
-    model = torchvision.models.resnet50(weights=None).eval()
     shapes = [(1, 224), (8, 224), (32, 224), (4, 224), (16, 224), (2, 320)]
-
-    def run():
-        with torch.no_grad():
-            for b, r in shapes:
-                model(torch.randn(b, 3, r, r))
-
-    return run
+    return image_inference(torchvision.models.resnet50(weights=None), shapes)
 
 
 @workload(
@@ -250,15 +244,8 @@ def t5_generate_varlen():
     inputs = [torch.randint(0, 32128, (b, s)) for b, s, _ in reqs]
 
     def run():
-        with torch.no_grad():
-            for ids, (_, _, n) in zip(inputs, reqs):
-                model.generate(
-                    ids,
-                    attention_mask=torch.ones_like(ids),
-                    max_new_tokens=n,
-                    min_new_tokens=n,
-                    do_sample=False,
-                )
+        for ids, (_, _, n) in zip(inputs, reqs):
+            greedy_generate(model, ids, n)
 
     return run
 
@@ -358,15 +345,7 @@ def llama_lora_finetune():
     "latents), noise-prediction training: batch 2, 77 text tokens, AdamW, 3 steps, fp32",
 )
 def unet_train():
-    from diffusers import UNet2DConditionModel
-
-    model = UNet2DConditionModel(
-        sample_size=64,
-        block_out_channels=(128, 256, 512, 512),
-        layers_per_block=1,
-        cross_attention_dim=768,
-        attention_head_dim=8,
-    )
+    model = small_unet()
 
     def batch(i):
         return (
@@ -390,15 +369,7 @@ def unet_train():
     "classifier-free guidance (batch 2 = 1 image x 2), 64x64x4 latents, fp32",
 )
 def unet_sample():
-    from diffusers import UNet2DConditionModel
-
-    model = UNet2DConditionModel(
-        sample_size=64,
-        block_out_channels=(128, 256, 512, 512),
-        layers_per_block=1,
-        cross_attention_dim=768,
-        attention_head_dim=8,
-    ).eval()
+    model = small_unet().eval()
     ctx = torch.randn(2, 77, 768)
 
     def run():

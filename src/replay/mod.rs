@@ -93,6 +93,8 @@ pub struct ReplayReport {
     pub retries: u64,
     /// Allocations that failed with out of memory.
     pub ooms: u64,
+    /// The first allocation that did not fit (`None` when every one did).
+    pub first_oom: Option<OomEvent>,
     /// Wall time of the replay loop.
     pub seconds: f64,
     /// Usage over time (only with `detail`).
@@ -133,6 +135,24 @@ impl ReplayReport {
     pub fn events_per_sec(&self) -> f64 {
         self.events as f64 / self.seconds.max(1e-9)
     }
+}
+
+/// An allocation of the trace that failed with out of memory, and the state then.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OomEvent {
+    /// Event index in the trace (0-based).
+    pub event: usize,
+    /// Allocation id.
+    pub id: u64,
+    /// Bytes asked for.
+    pub size: u64,
+    /// Stream label.
+    pub stream: u32,
+    /// Requested bytes of the allocations live at that moment.
+    pub live_requested: u64,
+    /// The allocator's error: torch_npu's out-of-memory text with capacity, free,
+    /// allocated and reserved bytes.
+    pub message: String,
 }
 
 /// One allocator action, as PyTorch's snapshot `device_traces` record them.
@@ -283,6 +303,7 @@ pub fn replay(
     let mut timeline = Vec::new();
     let mut peak_segments = Vec::new();
     let mut actions = Vec::new();
+    let mut first_oom = None;
     let start = Instant::now();
     for (i, op) in trace.ops.iter().enumerate() {
         match *op {
@@ -311,7 +332,17 @@ pub fn replay(
                         requested += size;
                         peak_requested = peak_requested.max(requested);
                     }
-                    Err(Error::OutOfMemory { .. }) | Err(Error::ZeroSize) => {}
+                    Err(e @ Error::OutOfMemory { .. }) => {
+                        first_oom.get_or_insert_with(|| OomEvent {
+                            event: i,
+                            id,
+                            size,
+                            stream,
+                            live_requested: requested,
+                            message: e.to_string(),
+                        });
+                    }
+                    Err(Error::ZeroSize) => {}
                     Err(e) => return Err(e),
                 }
             }
@@ -383,7 +414,12 @@ pub fn replay(
         conf: opts.conf.clone(),
         events: trace.ops.len(),
         allocations,
-        peak_requested,
+        // What the trace asks for, also when allocations failed (then fewer were live).
+        peak_requested: if first_oom.is_some() {
+            trace.peak_requested()
+        } else {
+            peak_requested
+        },
         pending_floor: trace.pending_floor(),
         peak_allocated: (stats.allocated_bytes[0].peak as u64).max(peak_allocated_seen),
         peak_reserved: stats.reserved_bytes[0].peak as u64,
@@ -395,6 +431,7 @@ pub fn replay(
         stalled_waits: counters.stalled_waits,
         retries: stats.num_alloc_retries as u64,
         ooms: stats.num_ooms as u64,
+        first_oom,
         seconds,
         timeline,
         peak_segments,

@@ -113,15 +113,26 @@ impl Liveness {
     }
 }
 
-fn num<T: std::str::FromStr>(tok: Option<&str>, what: &str) -> Result<T, String> {
+fn num<T: TryFrom<u64>>(tok: Option<&str>, what: &str) -> Result<T, String> {
     let t = tok.ok_or_else(|| format!("missing {what}"))?;
     if t.starts_with('-') {
         return Err(format!(
             "{what} '{t}' is negative; expected a non-negative integer"
         ));
     }
-    t.parse()
-        .map_err(|_| format!("{what} '{t}' is not a non-negative integer"))
+    if t.is_empty() || !t.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("{what} '{t}' is not a non-negative integer"));
+    }
+    // All digits: the only failure left is a value that does not fit.
+    let too_large = || {
+        let max = [u64::MAX, u32::MAX.into(), u16::MAX.into(), u8::MAX.into()]
+            .into_iter()
+            .find(|m| T::try_from(*m).is_ok())
+            .unwrap_or(0);
+        format!("{what} '{t}' is too large (at most {max})")
+    };
+    let v: u64 = t.parse().map_err(|_| too_large())?;
+    T::try_from(v).map_err(|_| too_large())
 }
 
 fn parse_line(line: &str, live: &mut Liveness) -> Result<Option<Op>, String> {
@@ -450,6 +461,19 @@ mod tests {
             ("a 0 1 0\nf 0\nf 0", 3, "already freed"),
             ("a 0 1 0 9", 1, "unexpected '9'"),
             ("a zero 1 0", 1, "not a non-negative integer"),
+            ("a 0 1 1.5", 1, "not a non-negative integer"),
+            // Integers that do not fit say so, with the limit.
+            (
+                "a 0 1 4294967296",
+                1,
+                "stream '4294967296' is too large (at most 4294967295)",
+            ),
+            ("s 99999999999", 1, "too large (at most 4294967295)"),
+            (
+                "a 0 18446744073709551616 0",
+                1,
+                "size in bytes '18446744073709551616' is too large (at most 18446744073709551615)",
+            ),
         ] {
             let e = parse(text, "bad.trace").unwrap_err();
             assert_eq!(e.line, line, "{text}: {e}");

@@ -93,16 +93,17 @@ fn a_trace_that_never_fits_says_so() {
     let err = min_capacity(&t, &tiny).unwrap_err();
     assert!(err.to_string().contains("under 1 MiB"), "{err}");
 
-    // The command line reports it in the table and in JSON, and exits cleanly.
+    // The command line reports it in the table and in JSON, and exits with 3: the
+    // replay at --capacity itself did not fit.
     let dir = tempdir("min-cap-nofit");
     let path = dir.join("huge.trace");
     std::fs::write(&path, "a 0 3000000000 0\nf 0\n").unwrap();
     let p = path.to_str().unwrap();
     let (code, out, err) = cli(&["replay", p, "--capacity", "1G", "--min-capacity"]);
-    assert_eq!(code, 0, "{err}");
+    assert_eq!(code, 3, "{err}");
     assert!(out.contains("none: 1 OOMs at 1.00 GiB"), "{out}");
     let (code, out, _) = cli(&["replay", p, "--capacity", "1G", "--min-capacity", "--json"]);
-    assert_eq!(code, 0);
+    assert_eq!(code, 3);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v[0]["min_capacity"]["bytes"], serde_json::Value::Null);
     assert_eq!(v[0]["min_capacity"]["does_not_fit_in"], 1u64 << 30);

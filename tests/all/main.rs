@@ -4,6 +4,7 @@ mod acl;
 mod bad_input;
 mod basic;
 mod capacity;
+mod cli;
 mod common;
 mod cross_stream;
 mod expandable;

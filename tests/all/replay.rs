@@ -158,13 +158,25 @@ fn cli_replay_prints_table_and_writes_pictures() {
     ] {
         assert!(out.contains(needle), "missing {needle:?} in\n{out}");
     }
-    let svg0 = std::fs::read_to_string(dir.join("out-gpt2_infer-0.svg")).unwrap();
+    // Files are named by trace and setting, and announced.
+    let svg0 = std::fs::read_to_string(dir.join("out-gpt2_infer-default.svg")).unwrap();
     assert!(svg0.starts_with("<svg") && svg0.contains("Segments at peak reserved"));
-    assert!(dir.join("out-gpt2_infer-1.svg").exists());
+    assert!(dir.join("out-gpt2_infer-max_split_size_mb_64.svg").exists());
+    for name in [
+        "out-gpt2_infer-default.svg",
+        "snap-gpt2_infer-max_split_size_mb_64.json",
+        "out.html",
+    ] {
+        assert!(
+            err.contains(&format!("to {}", dir.join(name).display())),
+            "{name}: {err}"
+        );
+    }
     assert!(std::fs::read_to_string(&html).unwrap().contains("<svg"));
-    let snap: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("snap-gpt2_infer-0.json")).unwrap())
-            .unwrap();
+    let snap: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("snap-gpt2_infer-default.json")).unwrap(),
+    )
+    .unwrap();
     assert!(snap["segments"].as_array().unwrap().len() > 1);
     assert_eq!(snap["device_traces"][0][0]["action"], "alloc");
 

@@ -10,11 +10,12 @@ use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::{json, Value};
 
-use npualloc::config::PYTORCH_POLICY;
 use npualloc::replay::{self, svg, MinCapacity, ReplayOptions, ReplayReport};
 use npualloc::snapshot::segments_json;
 use npualloc::stats::format_size;
 use npualloc::trace::{self, Trace};
+
+mod settings;
 
 #[derive(Parser)]
 #[command(
@@ -112,15 +113,6 @@ fn parse_capacity(s: &str) -> Result<usize, String> {
         .ok_or_else(|| format!("--capacity '{s}' is not a size such as 64G or 1073741824"))
 }
 
-/// Expands a leading `pytorch` item of a settings string into PyTorch's policy.
-fn expand_conf(conf: &str) -> String {
-    match conf.split_once(',') {
-        _ if conf.trim() == "pytorch" => PYTORCH_POLICY.to_string(),
-        Some((first, rest)) if first.trim() == "pytorch" => format!("{PYTORCH_POLICY},{rest}"),
-        _ => conf.to_string(),
-    }
-}
-
 fn load(path: &Path, device: Option<usize>) -> Result<Trace, String> {
     let name = path.display().to_string();
     let bytes = std::fs::read(path).map_err(|e| format!("{name}: cannot read: {e}"))?;
@@ -134,7 +126,13 @@ fn load(path: &Path, device: Option<usize>) -> Result<Trace, String> {
             .map_err(|_| format!("{name}: not UTF-8 text (a .trace file is text)"))?;
         trace::parse(&text, &name)
     };
-    trace.map_err(|e| e.to_string())
+    let trace = trace.map_err(|e| e.to_string())?;
+    if trace.ops.is_empty() {
+        return Err(format!(
+            "{name}: no events (the trace is empty or holds only its header)"
+        ));
+    }
+    Ok(trace)
 }
 
 /// A bar that stays hidden until `run_one` decides to show it.
@@ -213,14 +211,8 @@ const MIN_ROWS: [&str; 6] = [
     "  retries",
 ];
 
-fn table(reports: &[ReplayReport], mins: &[MinCapacity]) -> String {
-    let label = |r: &ReplayReport| {
-        if r.conf.is_empty() {
-            "default".to_string()
-        } else {
-            r.conf.replace(PYTORCH_POLICY, "pytorch")
-        }
-    };
+/// The side-by-side table of one trace's runs, one column per setting (`labels`).
+fn table(reports: &[ReplayReport], labels: &[String], mins: &[MinCapacity]) -> String {
     let rows: Vec<(&str, Cell)> = vec![
         ("events", |r| r.events.to_string()),
         ("allocations", |r| r.allocations.to_string()),
@@ -245,7 +237,7 @@ fn table(reports: &[ReplayReport], mins: &[MinCapacity]) -> String {
         .iter()
         .enumerate()
         .map(|(i, r)| {
-            std::iter::once(label(r))
+            std::iter::once(labels.get(i).cloned().unwrap_or_default())
                 .chain(rows.iter().map(|(_, f)| f(r)))
                 .chain(mins.get(i).map(min_rows).unwrap_or_default())
                 .collect()
@@ -320,139 +312,199 @@ fn snapshot_json(r: &ReplayReport) -> Value {
     json!({ "segments": segments_json(0, &r.peak_segments), "device_traces": [traces] })
 }
 
-/// `out.svg` for the first run, `out-<trace>-<n>.svg` when there are several.
-fn numbered(path: &Path, r: &ReplayReport, index: usize, many: bool) -> PathBuf {
+/// `out.svg` for a single run; `out-<trace>-<setting>.svg` when there are several.
+fn named(path: &Path, r: &ReplayReport, label: &str, many: bool) -> PathBuf {
     if !many {
         return path.to_path_buf();
     }
-    let stem = path
-        .file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let trace = Path::new(&r.name)
-        .file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let ext = path
-        .extension()
-        .map(|e| e.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    path.with_file_name(format!("{stem}-{trace}-{index}.{ext}"))
+    let part = |p: Option<&std::ffi::OsStr>| p.map(|s| s.to_string_lossy().into_owned());
+    let stem = part(path.file_stem()).unwrap_or_default();
+    let trace = part(Path::new(&r.name).file_stem()).unwrap_or_default();
+    let name = format!("{stem}-{trace}-{}", settings::file_part(label));
+    match part(path.extension()) {
+        Some(ext) => path.with_file_name(format!("{name}.{ext}")),
+        None => path.with_file_name(name),
+    }
 }
 
-fn write(path: &Path, content: &str) -> Result<(), String> {
-    std::fs::write(path, content).map_err(|e| format!("cannot write {}: {e}", path.display()))
+/// Whether `path` names a pickle (`.pickle` / `.pkl`).
+fn is_pickle(path: &Path) -> bool {
+    path.extension()
+        .is_some_and(|e| e == "pickle" || e == "pkl")
 }
 
-fn html_page(reports: &[ReplayReport]) -> String {
+/// Writes an output file and says so on stderr.
+fn write(path: &Path, content: impl AsRef<[u8]>, what: &str) -> Result<(), String> {
+    std::fs::write(path, content).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    eprintln!("wrote {what} to {}", path.display());
+    Ok(())
+}
+
+/// One trace's runs, one per setting, in `--conf` order.
+struct TraceRuns {
+    trace: Trace,
+    reports: Vec<ReplayReport>,
+    mins: Vec<MinCapacity>,
+}
+
+/// An HTML page: per trace, the settings' table and their pictures side by side.
+fn html_page(runs: &[TraceRuns], labels: &[String]) -> String {
     let mut body = String::new();
-    for r in reports {
+    for t in runs {
         body.push_str(&format!(
-            "<h2>{}</h2>\n<pre>{}</pre>\n{}\n",
-            r.name,
-            table(std::slice::from_ref(r), &[]),
-            svg::render(r)
+            "<h2>{}</h2>\n<pre>{}</pre>\n<div class=\"runs\">",
+            html_escape(&t.trace.name),
+            html_escape(&table(&t.reports, labels, &t.mins))
         ));
+        for (r, label) in t.reports.iter().zip(labels) {
+            body.push_str(&format!(
+                "<figure><figcaption>{}</figcaption>{}</figure>",
+                html_escape(label),
+                svg::render(r)
+            ));
+        }
+        body.push_str("</div>\n");
     }
     format!(
         "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>npualloc replay</title>\
-         <style>body{{font-family:Helvetica,Arial,sans-serif;margin:24px}}pre{{font-size:13px}}</style></head>\
+         <style>body{{font-family:Helvetica,Arial,sans-serif;margin:24px}}pre{{font-size:13px}}\
+         .runs{{display:flex;flex-wrap:wrap;gap:16px}}figure{{margin:0}}\
+         figcaption{{font-weight:bold;margin-bottom:4px}}</style></head>\
          <body><h1>npualloc replay (simulated device)</h1>\n{body}</body></html>\n"
     )
 }
 
-fn replay_cmd(args: ReplayArgs) -> Result<(), String> {
-    let ReplayArgs {
-        traces,
-        mut confs,
-        capacity,
-        json: json_out,
-        svg: svg_path,
-        html,
-        snapshot,
-        device,
-        quiet,
-        repeat,
-        min_capacity,
-    } = args;
-    let capacity = parse_capacity(&capacity)?;
-    if confs.is_empty() {
-        confs.push(String::new());
+fn html_escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// Says what the first OOM of a run was, and how many followed.
+fn report_ooms(r: &ReplayReport, label: &str, capacity: usize) {
+    let Some(o) = &r.first_oom else { return };
+    eprintln!(
+        "{} [{label}]: {} allocation(s) did not fit in a {} device. The first, event {} \
+         (allocation {} of {} on stream {}, with {} live), failed:\n  {}",
+        r.name,
+        r.ooms,
+        format_size(capacity),
+        o.event + 1,
+        o.id,
+        bytes(o.size),
+        o.stream,
+        format_size(o.live_requested),
+        o.message
+    );
+    if r.ooms > 1 {
+        eprintln!(
+            "  ({} more allocation(s) failed after it; the figures above are for a replay that skipped them)",
+            r.ooms - 1
+        );
     }
-    for c in &mut confs {
-        *c = expand_conf(c);
-    }
-    let detail = svg_path.is_some() || html.is_some() || snapshot.is_some();
-    let many = traces.len() * confs.len() > 1;
-    let mut all = Vec::new();
-    let mut all_mins = Vec::new();
-    let mut index = 0;
-    for path in &traces {
-        let trace = load(path, device)?.repeated(repeat.into());
-        let mut reports = Vec::new();
-        let mut mins = Vec::new();
-        for conf in &confs {
+}
+
+/// Replays every trace under every setting; `Ok(false)` when some replay ran out of
+/// memory (reported on stderr).
+fn replay_cmd(args: ReplayArgs) -> Result<bool, String> {
+    let capacity = parse_capacity(&args.capacity)?;
+    let settings = settings::parse_all(&args.confs)?;
+    let labels: Vec<String> = settings.iter().map(|s| s.label.clone()).collect();
+    let detail = args.svg.is_some() || args.html.is_some() || args.snapshot.is_some();
+    let many = args.traces.len() * settings.len() > 1;
+    let mut fits = true;
+    let mut runs = Vec::new();
+    for path in &args.traces {
+        let trace = load(path, args.device)?.repeated(args.repeat.into());
+        let mut t = TraceRuns {
+            trace,
+            reports: Vec::new(),
+            mins: Vec::new(),
+        };
+        for setting in &settings {
             let opts = ReplayOptions {
-                conf: conf.clone(),
+                conf: setting.conf.clone(),
                 capacity,
                 detail,
             };
-            let r = run_one(&trace, &opts, quiet)?;
-            if let Some(p) = &svg_path {
-                write(&numbered(p, &r, index, many), &svg::render(&r))?;
+            let r = run_one(&t.trace, &opts, args.quiet)?;
+            report_ooms(&r, &setting.label, capacity);
+            fits &= r.ooms == 0;
+            if let Some(p) = &args.svg {
+                let out = named(p, &r, &setting.label, many);
+                write(&out, svg::render(&r), "the picture")?;
             }
-            if let Some(p) = &snapshot {
-                write(
-                    &numbered(p, &r, index, many),
-                    &snapshot_json(&r).to_string(),
-                )?;
+            if let Some(p) = &args.snapshot {
+                let out = named(p, &r, &setting.label, many);
+                let json = snapshot_json(&r);
+                if is_pickle(&out) {
+                    let bytes = npualloc::pickle::to_pickle(&json);
+                    write(&out, bytes, "the snapshot (pickle)")?;
+                } else {
+                    write(&out, json.to_string(), "the snapshot (JSON)")?;
+                }
             }
-            index += 1;
-            reports.push(r);
-            if min_capacity {
-                let m = replay::min_capacity(
-                    &trace,
-                    &ReplayOptions {
-                        detail: false,
-                        ..opts
-                    },
-                )
-                .map_err(|e| format!("{}: {e}", trace.name))?;
-                mins.push(m);
+            if args.min_capacity {
+                let search = ReplayOptions {
+                    detail: false,
+                    ..opts
+                };
+                let m = replay::min_capacity(&t.trace, &search)
+                    .map_err(|e| format!("{}: {e}", t.trace.name))?;
+                t.mins.push(m);
             }
+            t.reports.push(r);
         }
-        if !json_out {
+        if !args.json {
             println!(
                 "{} ({} events)\n{}",
-                trace.name,
-                trace.ops.len(),
-                table(&reports, &mins)
+                t.trace.name,
+                t.trace.ops.len(),
+                table(&t.reports, &labels, &t.mins)
             );
         }
-        all.extend(reports);
-        all_mins.extend(mins);
+        runs.push(t);
     }
-    if json_out {
-        let v: Vec<Value> = all
+    if !args.json {
+        let legend = settings::legend(&settings);
+        if !legend.is_empty() {
+            println!("settings:\n{}", legend.join("\n"));
+        }
+    }
+    if args.json {
+        let v: Vec<Value> = runs
             .iter()
-            .enumerate()
-            .map(|(i, r)| report_json(r, all_mins.get(i)))
+            .flat_map(|t| {
+                t.reports
+                    .iter()
+                    .zip(&labels)
+                    .enumerate()
+                    .map(|(i, (r, label))| {
+                        let mut v = report_json(r, t.mins.get(i));
+                        v["label"] = json!(label);
+                        v
+                    })
+            })
             .collect();
         println!(
             "{}",
             serde_json::to_string_pretty(&v).expect("serialisable")
         );
     }
-    if let Some(p) = &html {
-        write(p, &html_page(&all))?;
+    if let Some(p) = &args.html {
+        write(p, html_page(&runs, &labels), "the page")?;
     }
-    Ok(())
+    Ok(fits)
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Replay(args) => replay_cmd(args),
+        Command::Replay(args) => match replay_cmd(args) {
+            Ok(true) => Ok(()),
+            Ok(false) => return ExitCode::from(3),
+            Err(e) => Err(e),
+        },
         Command::Derive {
             trace,
             case,
@@ -466,8 +518,7 @@ fn main() -> ExitCode {
             })?;
             let mut out = Vec::new();
             d.write_to(&mut out).map_err(|e| e.to_string())?;
-            write(&output, &String::from_utf8_lossy(&out))?;
-            eprintln!("wrote {} events to {}", d.ops.len(), output.display());
+            write(&output, out, &format!("{} events", d.ops.len()))?;
             Ok(())
         }),
         Command::Convert {
@@ -477,8 +528,7 @@ fn main() -> ExitCode {
         } => load(&snapshot, device).and_then(|t| {
             let mut out = Vec::new();
             t.write_to(&mut out).map_err(|e| e.to_string())?;
-            write(&output, &String::from_utf8_lossy(&out))?;
-            eprintln!("wrote {} events to {}", t.ops.len(), output.display());
+            write(&output, out, &format!("{} events", t.ops.len()))?;
             Ok(())
         }),
     };

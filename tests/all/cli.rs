@@ -1,0 +1,134 @@
+//! The `npualloc` command line: what it tells a user when things go wrong, and the
+//! files it writes.
+
+use std::process::Command;
+
+use crate::replay::{cli, tempdir, traces_dir};
+
+fn gpt2() -> String {
+    traces_dir().join("gpt2_infer.trace").display().to_string()
+}
+
+#[test]
+fn a_replay_that_runs_out_of_memory_says_so_and_fails() {
+    let (code, out, err) = cli(&["replay", &gpt2(), "--capacity", "100M", "--quiet"]);
+    assert_eq!(code, 3, "exit status 3 = did not fit\n{err}");
+    // The first OOM in full: event, allocation, size, the library's message with the
+    // state; then how many followed.
+    for needle in [
+        "[default]: 37 allocation(s) did not fit in a 100.00 MiB device",
+        "The first, event 62 (allocation 37 of 12.00 MiB (12582912) on stream 0",
+        "out of memory. Tried to allocate 12.00 MiB",
+        "total capacity of 100.00 MiB",
+        "(36 more allocation(s) failed after it",
+    ] {
+        assert!(err.contains(needle), "missing {needle:?} in\n{err}");
+    }
+    // Peak requested stays the trace's own, not what was served.
+    assert!(out.contains("199.32 MiB (209006592)"), "{out}");
+    let (code, out, _) = cli(&["replay", &gpt2(), "--capacity", "100M", "--json"]);
+    assert_eq!(code, 3);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v[0]["peak_requested"], 209_006_592u64);
+    assert_eq!(v[0]["ooms"], 37);
+    // Enough memory: no OOM text, exit 0.
+    let (code, _, err) = cli(&["replay", &gpt2(), "--quiet"]);
+    assert_eq!(code, 0);
+    assert!(!err.contains("did not fit"), "{err}");
+}
+
+#[test]
+fn empty_traces_and_bad_settings_are_errors_naming_what_is_wrong() {
+    let dir = tempdir("cli-empty");
+    for (name, text) in [
+        ("empty.trace", ""),
+        ("header.trace", "# npualloc-trace v1\n"),
+    ] {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        let (code, out, err) = cli(&["replay", p.to_str().unwrap()]);
+        assert_eq!(code, 2, "{name}");
+        assert!(err.contains("no events (the trace is empty"), "{err}");
+        assert!(out.is_empty(), "no table of zeros: {out}");
+    }
+    let (code, _, err) = cli(&[
+        "replay",
+        &gpt2(),
+        "--conf",
+        "",
+        "--conf",
+        "max_split_size_mb:x",
+    ]);
+    assert_eq!(code, 2);
+    assert!(
+        err.starts_with("error: --conf 'max_split_size_mb:x': "),
+        "reported as a setting, not under the trace: {err}"
+    );
+}
+
+#[test]
+fn named_settings_label_columns_and_long_ones_get_a_legend() {
+    let long = "pytorch,expandable_segments:True";
+    let (code, out, err) = cli(&[
+        "replay",
+        &gpt2(),
+        "--conf",
+        "",
+        "--conf",
+        "torch=pytorch",
+        "--conf",
+        long,
+        "--quiet",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let header = out.lines().nth(1).unwrap();
+    let columns: Vec<_> = header
+        .split("  ")
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .collect();
+    assert_eq!(columns, ["default", "torch", "conf 3"]);
+    assert!(out.contains(&format!("  conf 3 = {long}")), "{out}");
+    assert!(out.contains("  torch = pytorch"), "{out}");
+    // The PyTorch preset is PyTorch's policy: 1.445 on gpt2 (README).
+    let ratio = out
+        .lines()
+        .find(|l| l.contains("reserved / requested"))
+        .unwrap();
+    assert!(ratio.contains("1.445"), "{ratio}");
+}
+
+#[test]
+fn a_pickle_snapshot_loads_in_python_as_the_json_one() {
+    let dir = tempdir("cli-pickle");
+    let pickle = dir.join("s.pickle");
+    let json = dir.join("s.json");
+    for out in [&pickle, &json] {
+        let (code, _, err) = cli(&["replay", &gpt2(), "--snapshot", out.to_str().unwrap(), "-q"]);
+        assert_eq!(code, 0, "{err}");
+        assert!(err.contains("wrote the snapshot"), "{err}");
+    }
+    assert!(std::fs::read(&pickle).unwrap().starts_with(&[0x80, 2]));
+    // CPython's own unpickler reads it back to exactly the JSON snapshot.
+    let script = "import json, pickle, sys\n\
+                  p = pickle.load(open(sys.argv[1], 'rb'))\n\
+                  j = json.load(open(sys.argv[2]))\n\
+                  assert p == j, 'different'\n\
+                  assert len(p['segments']) > 1 and p['device_traces'][0][0]['action'] == 'alloc'\n\
+                  print('same', len(p['device_traces'][0]))";
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            script,
+            pickle.to_str().unwrap(),
+            json.to_str().unwrap(),
+        ])
+        .output()
+        .expect("python3 runs (CI installs it)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.trim() == "same 788",
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
