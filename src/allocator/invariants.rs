@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use super::state::State;
+use super::shard::ShardState;
 use crate::pool::{Block, BlockId, PoolKind};
 use crate::stats::{StatArray, StatType};
 use crate::stream::UNFENCED;
@@ -42,7 +42,7 @@ fn compare(name: &str, stat: &StatArray, counted: &[i64; 3]) -> Result<(), Strin
 }
 
 /// Checks one shard.
-pub(super) fn check(st: &State) -> Result<(), String> {
+pub(super) fn check(st: &ShardState) -> Result<(), String> {
     let ptrs = &st.ptrs;
     let mut seen = vec![false; st.blocks.capacity()];
     let mut rc = Recount::default();
@@ -274,7 +274,7 @@ pub(super) fn check(st: &State) -> Result<(), String> {
 /// Lending marks: a borrower only on an allocated block and not its own stream; dirty
 /// flags exactly on blocks with marks, never allocated, never marked with their own
 /// stream, with an epoch the shard's fences handed out.
-fn check_lending(st: &State, id: BlockId, b: &Block) -> Result<(), String> {
+fn check_lending(st: &ShardState, id: BlockId, b: &Block) -> Result<(), String> {
     if b.lent && (!b.allocated || b.stream_uses.first().is_none_or(|&s| s == b.stream)) {
         return Err(format!(
             "block {id}: lent but not to another stream's caller"
@@ -296,7 +296,7 @@ fn check_lending(st: &State, id: BlockId, b: &Block) -> Result<(), String> {
     Ok(())
 }
 
-fn check_vm(st: &State) -> Result<(), String> {
+fn check_vm(st: &ShardState) -> Result<(), String> {
     let mut covered: HashMap<usize, usize> = HashMap::new();
     for (id, b) in st.blocks.iter().filter(|(_, b)| b.vm != 0) {
         let seg = st

@@ -20,9 +20,9 @@
 
 mod invariants;
 mod oom;
+mod shard;
 mod shards;
 mod shared;
-mod state;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -35,12 +35,12 @@ use crate::error::Error;
 use crate::pool::BlockId;
 use crate::profiling::Mstx;
 use crate::stats::{DeviceStats, Stat, StatArray};
+use shard::{NoPeers, Peers, ShardState};
 use shards::{Shard, ShardTable};
 use shared::Shared;
-use state::{NoPeers, Peers, State};
 
+pub use crate::snapshot::{BlockInfo, BlockState, SegmentInfo};
 pub use shards::MAX_STREAMS;
-pub use state::{BlockInfo, BlockState, SegmentInfo};
 
 /// Current memory use of one allocator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -163,7 +163,9 @@ impl CachingAllocator {
         self.device.check_stream(self.index, stream)?;
         let markers = self.markers.read().clone();
         self.shards
-            .get_or_insert(stream, || State::new(stream, self.shared.clone(), markers))
+            .get_or_insert(stream, || {
+                ShardState::new(stream, self.shared.clone(), markers)
+            })
             .ok_or_else(|| {
                 Error::InvalidState(format!(
                     "device {} already serves {MAX_STREAMS} streams",
@@ -186,7 +188,7 @@ impl CachingAllocator {
     }
 
     /// Runs `f` on `shard`'s locked state, then publishes its count of waiting frees.
-    fn with_shard<T>(&self, shard: &Shard, f: impl FnOnce(&mut State) -> T) -> T {
+    fn with_shard<T>(&self, shard: &Shard, f: impl FnOnce(&mut ShardState) -> T) -> T {
         let mut st = shard.state.lock();
         let out = f(&mut st);
         self.set_pending(shard, st.pending_count());
@@ -198,7 +200,7 @@ impl CachingAllocator {
     fn for_other_shards<E>(
         &self,
         stream: StreamHandle,
-        mut f: impl FnMut(&mut State) -> Result<(), E>,
+        mut f: impl FnMut(&mut ShardState) -> Result<(), E>,
     ) -> Result<(), E> {
         for other in self.shards.all() {
             if other.stream != stream {
@@ -424,7 +426,7 @@ impl CachingAllocator {
         &self,
         ptr: DevicePtr,
         stream: Option<StreamHandle>,
-        f: impl FnOnce(&Shard, &mut State, BlockId) -> T,
+        f: impl FnOnce(&Shard, &mut ShardState, BlockId) -> T,
     ) -> Option<T> {
         let mut f = Some(f);
         let mut tried = [u32::MAX; 2];
@@ -631,7 +633,7 @@ struct OtherShards<'a> {
 }
 
 impl Peers for OtherShards<'_> {
-    fn visit(&self, f: &mut dyn FnMut(&mut State) -> bool) {
+    fn visit(&self, f: &mut dyn FnMut(&mut ShardState) -> bool) {
         for s in self.table.all() {
             if s.stream == self.own {
                 continue;
@@ -708,5 +710,15 @@ impl Drop for CachingAllocator {
     fn drop(&mut self) {
         // Best effort: live allocations stay with their owners; everything cached goes back.
         let _ = self.empty_cache();
+    }
+}
+
+impl crate::snapshot::SegmentSource for CachingAllocator {
+    fn device_index(&self) -> DeviceIndex {
+        self.index
+    }
+
+    fn segments(&self) -> Vec<SegmentInfo> {
+        CachingAllocator::segments(self)
     }
 }

@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 
 use parking_lot::Mutex;
 
-use super::state::State;
+use super::shard::ShardState;
 use crate::device::StreamHandle;
 
 /// Most streams one device's allocator serves.
@@ -19,7 +19,7 @@ pub const MAX_STREAMS: usize = 4096;
 /// One stream's allocator state.
 pub(crate) struct Shard {
     pub stream: StreamHandle,
-    pub state: Mutex<State>,
+    pub state: Mutex<ShardState>,
     /// Frees of this shard waiting for events (so others can skip polling it).
     pub pending: AtomicUsize,
 }
@@ -68,7 +68,7 @@ impl ShardTable {
     pub fn get_or_insert(
         &self,
         stream: StreamHandle,
-        make: impl FnOnce() -> State,
+        make: impl FnOnce() -> ShardState,
     ) -> Option<(u32, &Shard)> {
         let key = stream.0.wrapping_add(1);
         let mut i = hash(stream) % MAX_STREAMS;

@@ -13,7 +13,8 @@
 //! Blocks of a segment tile its mapped pages; each maximal run of mapped pages is one
 //! chain of blocks, counted as one segment in statistics and snapshots.
 
-use super::{apply_net, State};
+use super::free_lists::apply_net;
+use super::ShardState;
 use crate::device::{Device, DeviceIndex, DevicePtr, StreamHandle};
 use crate::error::Error;
 use crate::pool::{Block, BlockId, PoolKind, VmSegment};
@@ -49,7 +50,7 @@ struct Fit {
     right: Option<BlockId>,
 }
 
-impl State {
+impl ShardState {
     /// Reserves a new expandable segment for (`stream`, current pool, `kind`): 9/8 of
     /// device memory for the large pool (PyTorch's size), at most 2 GiB for the small
     /// one (torch_npu's cap); another is reserved when one fills up.

@@ -1,0 +1,114 @@
+//! Graph-private pools and capture (PyTorch's `beginAllocateToPool` / `endAllocateToPool`
+//! / `releasePool`).
+//!
+//! Contract: while the shard captures (`capturing` is `Some(tag)`), its allocations come
+//! only from segments of that private pool and its frees of blocks used on other streams
+//! are deferred (no event may be recorded during a capture) until the capture ends.
+//!
+//! Invariants:
+//! - pool tag 0 is the stream's own pool; tag `t > 0` is `private[t - 1]`;
+//! - a private pool's cached segments go back to the device only when its `use_count`
+//!   is 0 (every capture using it was released);
+//! - every deferred free holds one `event_count` token until `end_allocate_to_pool`.
+
+use super::ShardState;
+use crate::device::{Device, DeviceIndex};
+use crate::error::Error;
+use crate::pool::PoolTag;
+
+/// A graph-private pool (PyTorch's `PrivatePool`).
+#[derive(Clone, Copy, Debug)]
+pub struct PrivatePool {
+    /// The caller's pool id (`MempoolId_t`).
+    pub id: (u64, u64),
+    /// Captures using it that were not released; 0 = its memory may go back.
+    pub use_count: u32,
+}
+
+impl ShardState {
+    /// The pool this shard's allocations go to now.
+    #[inline]
+    pub(super) fn route(&self) -> PoolTag {
+        self.capturing.unwrap_or(0)
+    }
+
+    /// Whether cached segments of pool `tag` may go back to the device.
+    pub(super) fn pool_releasable(&self, tag: PoolTag) -> bool {
+        tag == 0 || self.private[tag as usize - 1].use_count == 0
+    }
+
+    pub(super) fn private_tag(&self, id: (u64, u64)) -> Option<PoolTag> {
+        self.private
+            .iter()
+            .position(|p| p.id == id)
+            .map(|i| i as PoolTag + 1)
+    }
+
+    /// Starts routing this stream's allocations to private pool `id` (created, or its
+    /// use count raised).
+    pub fn begin_allocate_to_pool(&mut self, id: (u64, u64)) -> Result<(), Error> {
+        if id == (0, 0) {
+            return Err(Error::InvalidArgument("pool id (0, 0) is reserved".into()));
+        }
+        if let Some(t) = self.capturing {
+            return Err(Error::InvalidState(format!(
+                "this stream is already allocating to pool {:?}",
+                self.private[t as usize - 1].id
+            )));
+        }
+        let tag = match self.private_tag(id) {
+            Some(t) => {
+                let p = &mut self.private[t as usize - 1];
+                if p.use_count == 0 {
+                    return Err(Error::InvalidState(format!("pool {id:?} was released")));
+                }
+                p.use_count += 1;
+                t
+            }
+            None => {
+                self.private.push(PrivatePool { id, use_count: 1 });
+                self.private.len() as PoolTag
+            }
+        };
+        self.capturing = Some(tag);
+        Ok(())
+    }
+
+    /// Whether this stream is allocating to private pool `id` now.
+    pub fn is_capturing_to(&self, id: (u64, u64)) -> bool {
+        self.capturing
+            .is_some_and(|t| self.private[t as usize - 1].id == id)
+    }
+
+    /// Stops routing to the private pool and records the events of frees deferred
+    /// during the capture.
+    pub fn end_allocate_to_pool(&mut self, dev: &dyn Device, index: DeviceIndex) {
+        self.capturing = None;
+        for id in std::mem::take(&mut self.deferred) {
+            self.blocks[id].event_count -= 1;
+            self.insert_events(dev, index, id);
+        }
+    }
+
+    /// Drops one use of private pool `id`; at zero its cached memory may go back to
+    /// the device (at the next cache release). Returns whether this shard has the pool.
+    pub fn release_pool(&mut self, id: (u64, u64)) -> bool {
+        match self.private_tag(id) {
+            Some(t) => {
+                let p = &mut self.private[t as usize - 1];
+                p.use_count = p.use_count.saturating_sub(1);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Device bytes held by private-pool segments.
+    pub fn private_pool_bytes(&self) -> usize {
+        self.blocks
+            .iter()
+            .filter(|(_, b)| b.pool != 0)
+            .map(|(_, b)| b.size)
+            .sum()
+    }
+}

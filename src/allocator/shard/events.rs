@@ -1,0 +1,180 @@
+//! Frees and cross-stream events (PyTorch's `record_stream`, `insert_events`,
+//! `process_events`, `synchronize_and_free_events`).
+//!
+//! Contract: a block used on other streams is reused only once an event recorded on each
+//! of them at free time completed; when an event cannot be recorded, the block waits
+//! for the next full synchronisation instead (parked).
+//!
+//! Invariant: a pending block's `event_count` equals its queued events plus its parked
+//! or deferred tokens; it returns to the free lists when the count reaches 0.
+
+use super::ShardState;
+use crate::device::{Device, DeviceError, DeviceIndex, DevicePtr, StreamHandle};
+use crate::error::Error;
+use crate::pool::BlockId;
+use crate::stats::{self};
+
+impl ShardState {
+    pub fn free(&mut self, dev: &dyn Device, index: DeviceIndex, id: BlockId) {
+        let b = &mut self.blocks[id];
+        debug_assert!(b.allocated);
+        b.allocated = false;
+        let (st, size, lent) = (b.kind.stat_type(), b.size, b.lent);
+        stats::decrease(&mut self.stats.allocation, st, 1);
+        stats::decrease(&mut self.stats.allocated_bytes, st, size);
+        if size >= self.config.max_split_size {
+            self.stats.oversize_allocations.decrease(1);
+        }
+        if lent && self.return_lent(dev, index, id) {
+            return;
+        }
+        if self.blocks[id].stream_uses.is_empty() {
+            self.free_block(id);
+        } else if self.capturing.is_some() {
+            // No event calls during a capture: record them when it ends.
+            self.blocks[id].event_count += 1;
+            self.deferred.push(id);
+        } else {
+            self.insert_events(dev, index, id);
+        }
+    }
+
+    /// Records one event per other stream the block was used on.
+    pub(super) fn insert_events(&mut self, dev: &dyn Device, index: DeviceIndex, id: BlockId) {
+        let uses = std::mem::take(&mut self.blocks[id].stream_uses);
+        let mut failed = false;
+        for s in uses {
+            let recorded = self.events.get(dev, index).and_then(|ev| {
+                dev.event_record(index, ev, s).map(|_| ev).inspect_err(|_| {
+                    // Never queued: the event is idle and can go straight back.
+                    self.events.put(ev);
+                })
+            });
+            match recorded {
+                Ok(ev) => {
+                    self.blocks[id].event_count += 1;
+                    self.pending.push(s, ev, id);
+                }
+                Err(_) => failed = true,
+            }
+        }
+        if failed {
+            // Without an event we cannot tell when that stream is done with the block:
+            // park it until the next full synchronisation (empty_cache or OOM retry).
+            self.blocks[id].event_count += 1;
+            self.parked.push(id);
+        }
+    }
+
+    pub fn record_stream(
+        &mut self,
+        dev: &dyn Device,
+        index: DeviceIndex,
+        id: BlockId,
+        ptr: DevicePtr,
+        stream: StreamHandle,
+    ) -> Result<(), Error> {
+        let live = self
+            .blocks
+            .get(id)
+            .is_some_and(|b| b.allocated && b.ptr == ptr);
+        if !live {
+            return Err(Error::UnknownPointer { ptr });
+        }
+        if self.blocks[id].stream == stream {
+            return Ok(());
+        }
+        self.check_stream(dev, index, stream)?;
+        let uses = &mut self.blocks[id].stream_uses;
+        if !uses.contains(&stream) {
+            uses.push(stream);
+        }
+        Ok(())
+    }
+
+    pub fn erase_stream(
+        &mut self,
+        id: BlockId,
+        ptr: DevicePtr,
+        stream: StreamHandle,
+    ) -> Result<(), Error> {
+        match self.blocks.get_mut(id) {
+            Some(b) if b.allocated && b.ptr == ptr => {
+                // A borrower is the allocation's stream to the caller: never erased.
+                if b.borrower() != Some(stream) {
+                    b.stream_uses.retain(|s| *s != stream);
+                }
+                Ok(())
+            }
+            _ => Err(Error::UnknownPointer { ptr }),
+        }
+    }
+
+    /// Returns blocks whose events have all completed to their free lists (no waiting).
+    pub fn process_events(&mut self, dev: &dyn Device, index: DeviceIndex) {
+        let mut ready = Vec::new();
+        let events = &mut self.events;
+        self.pending.poll(dev, index, |_, ev, id| {
+            events.put(ev);
+            ready.push(id);
+        });
+        for id in ready {
+            self.event_done(id);
+        }
+    }
+
+    pub(super) fn event_done(&mut self, id: BlockId) {
+        let b = &mut self.blocks[id];
+        b.event_count -= 1;
+        if b.event_count == 0 {
+            self.free_block(id);
+        }
+    }
+
+    /// Waits for every pending event and parked free; PyTorch's `synchronize_and_free_events`.
+    pub(super) fn synchronize_and_free_events(
+        &mut self,
+        dev: &dyn Device,
+        index: DeviceIndex,
+    ) -> Result<(), Error> {
+        self.stats.num_sync_all_streams += 1;
+        let markers = self.markers.clone();
+        let _range = markers.range(|| {
+            format!(
+                "npualloc.event_sync {} events dev{index}",
+                self.pending.len()
+            )
+        });
+        let mut first_err: Option<DeviceError> = None;
+        if !self.parked.is_empty() {
+            match dev.synchronize_device(index) {
+                Ok(()) => {
+                    for id in std::mem::take(&mut self.parked) {
+                        self.event_done(id);
+                    }
+                }
+                Err(e) => first_err = Some(e),
+            }
+        }
+        let events = &mut self.events;
+        if let Err(e) = self
+            .fences
+            .synchronize(dev, index, None, |ev| events.put(ev))
+        {
+            first_err.get_or_insert(e);
+        }
+        for (s, ev, id) in self.pending.drain() {
+            match dev.event_synchronize(index, ev) {
+                Ok(()) => {
+                    self.events.put(ev);
+                    self.event_done(id);
+                }
+                Err(e) => {
+                    self.pending.push(s, ev, id);
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        first_err.map_or(Ok(()), |e| Err(e.into()))
+    }
+}

@@ -1,0 +1,83 @@
+//! Inspection of one shard: waiting frees, statistics, segments for snapshots.
+//!
+//! Contract: read-only; nothing here changes the shard.
+
+use super::ShardState;
+use crate::device::DevicePtr;
+use crate::pool::BlockId;
+use crate::snapshot::{BlockInfo, BlockState, SegmentInfo};
+use crate::stats::DeviceStats;
+
+impl ShardState {
+    /// Frees waiting for events or a synchronisation.
+    pub fn pending_count(&self) -> usize {
+        self.pending.len() + self.parked.len() + self.deferred.len()
+    }
+
+    pub fn stats_snapshot(&self) -> DeviceStats {
+        let mut s = self.stats;
+        s.max_split_size = i64::try_from(self.config.max_split_size).unwrap_or(i64::MAX);
+        s
+    }
+
+    pub fn segment_of(&self, id: BlockId) -> (DevicePtr, usize) {
+        let mut head = id;
+        while let Some(p) = self.blocks[head].prev {
+            head = p;
+        }
+        let (mut size, mut cur) = (0, Some(head));
+        while let Some(c) = cur {
+            size += self.blocks[c].size;
+            cur = self.blocks[c].next;
+        }
+        (self.blocks[head].ptr, size)
+    }
+
+    pub fn segments(&self) -> Vec<SegmentInfo> {
+        let mut out: Vec<SegmentInfo> = self
+            .blocks
+            .iter()
+            .filter(|(_, b)| b.prev.is_none())
+            .map(|(head, b)| {
+                let mut blocks = Vec::new();
+                let mut cur = Some(head);
+                while let Some(c) = cur {
+                    let blk = &self.blocks[c];
+                    let state = if blk.allocated {
+                        BlockState::ActiveAllocated
+                    } else if blk.event_count > 0 {
+                        BlockState::ActivePendingFree
+                    } else {
+                        BlockState::Inactive
+                    };
+                    blocks.push(BlockInfo {
+                        address: blk.ptr,
+                        size: blk.size,
+                        requested_size: blk.requested,
+                        state,
+                        lent_to: blk.borrower(),
+                        dirty_on: self
+                            .dirty
+                            .get(c)
+                            .iter()
+                            .filter(|&&(s, e)| !self.fences.is_clear(s, e))
+                            .map(|&(s, _)| s)
+                            .collect(),
+                    });
+                    cur = blk.next;
+                }
+                SegmentInfo {
+                    pool_id: (b.pool != 0).then(|| self.private[b.pool as usize - 1].id),
+                    is_expandable: b.vm != 0,
+                    address: b.ptr,
+                    total_size: blocks.iter().map(|x| x.size).sum(),
+                    stream: b.stream,
+                    kind: b.kind,
+                    blocks,
+                }
+            })
+            .collect();
+        out.sort_by_key(|s| s.address);
+        out
+    }
+}

@@ -1,0 +1,170 @@
+//! Cross-stream lending: whole free segments (`lend_segments`) and free blocks
+//! (`lend_blocks`) of another stream's shard, ordered on the device.
+//!
+//! Contract: the borrower waits on the device for an event recorded on the lender's
+//! stream before it uses lent memory; the host never blocks; nothing is lent to or by a
+//! capturing stream. A lent block stays the lender's: allocated, with the borrower as
+//! its first stream use; freed, it comes back at once, dirty on the borrower.
+//!
+//! Invariant: a lent block is allocated and `stream_uses[0]` is its borrower.
+
+use super::Peers;
+use super::ShardState;
+use crate::device::{Device, DeviceIndex, DevicePtr, StreamHandle};
+use crate::error::Error;
+use crate::pool::{Block, BlockId, PoolKind};
+
+/// A lent segment is at most this many times the segment a new allocation would get.
+const LEND_SIZE_FACTOR: usize = 2;
+
+impl ShardState {
+    /// A lent block freed by its borrower: back to this stream's pool at once (the
+    /// caller continues as for any free), marked dirty until a fence on the borrower
+    /// completes, so that whoever takes it sooner waits on the device. Returns true if
+    /// it was kept back instead: no event may be recorded on a capturing borrower, so
+    /// the block waits for the next full synchronisation (cache release or OOM retry).
+    #[cold]
+    pub(super) fn return_lent(
+        &mut self,
+        dev: &dyn Device,
+        index: DeviceIndex,
+        id: BlockId,
+    ) -> bool {
+        self.poll_fences(dev, index); // recycles the events of completed fences
+        let b = &mut self.blocks[id];
+        b.lent = false;
+        let borrower = b.stream_uses.remove(0);
+        if self.shared.is_capturing(borrower) {
+            let b = &mut self.blocks[id];
+            b.stream_uses.clear();
+            b.event_count += 1;
+            self.parked.push(id);
+            return true;
+        }
+        let epoch = self.fence(dev, index, borrower);
+        self.dirty.add(id, borrower, epoch);
+        self.blocks[id].dirty = true;
+        false
+    }
+
+    /// Cross-stream lending (`lend_segments`; never while capturing): instead of a new
+    /// device allocation, take a wholly free cached segment from another stream's shard.
+    /// This stream waits on the device for an event recorded on the lender's stream
+    /// (work queued there on the segment finishes first); the host never blocks.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn borrow_segment(
+        &mut self,
+        dev: &dyn Device,
+        index: DeviceIndex,
+        stream: StreamHandle,
+        kind: PoolKind,
+        rounded: usize,
+        seg_size: usize,
+        peers: &dyn Peers,
+    ) -> Result<Option<BlockId>, Error> {
+        if !self.config.lend_segments || self.capturing.is_some() {
+            return Ok(None);
+        }
+        let limit = seg_size.saturating_mul(LEND_SIZE_FACTOR);
+        let mut lent = None;
+        peers.visit(&mut |other| {
+            lent = other.lend_segment(dev, index, kind, rounded, limit, stream);
+            lent.is_none()
+        });
+        let Some((ptr, size)) = lent else {
+            return Ok(None);
+        };
+        self.segment_added(kind, size);
+        Ok(Some(
+            self.blocks.insert(Block::segment(ptr, size, stream, kind)),
+        ))
+    }
+
+    /// Gives up the smallest wholly free cached segment of `kind` holding at least
+    /// `size` bytes (and at most `limit`) to stream `borrower`, ordered on the device
+    /// after the work queued on this stream (and on any stream it is dirty on):
+    /// (address, size).
+    pub fn lend_segment(
+        &mut self,
+        dev: &dyn Device,
+        index: DeviceIndex,
+        kind: PoolKind,
+        size: usize,
+        limit: usize,
+        borrower: StreamHandle,
+    ) -> Option<(DevicePtr, usize)> {
+        if self.capturing.is_some() {
+            return None;
+        }
+        let (bsize, _, id) = self
+            .pools
+            .iter()
+            .filter(|((_, tag), _)| *tag == 0)
+            .flat_map(|(_, p)| p.get(kind).iter())
+            .filter(|&(s, _, id)| s >= size && s <= limit && self.is_whole_segment(id))
+            .min_by_key(|&(s, p, _)| (s, p))?;
+        self.order_after(dev, index, borrower, self.stream).ok()?;
+        self.wait_for_dirty(dev, index, id, borrower).ok()?;
+        self.pool_remove(id);
+        let b = self.blocks.remove(id);
+        self.dirty.take(id);
+        self.segment_removed(kind, bsize);
+        Some((b.ptr, bsize))
+    }
+
+    /// Serves a request of `rounded` bytes made on stream `borrower` from this shard's
+    /// free blocks (best fit, as for its own requests). The borrower first waits on the
+    /// device for the work queued on this stream so far. The block stays this shard's,
+    /// allocated, with `borrower` as its user; once freed it comes back at once, dirty
+    /// on the borrower (`return_lent`).
+    pub fn lend_block(
+        &mut self,
+        dev: &dyn Device,
+        index: DeviceIndex,
+        kind: PoolKind,
+        size: usize,
+        rounded: usize,
+        borrower: StreamHandle,
+    ) -> Option<DevicePtr> {
+        if self.capturing.is_some() {
+            return None;
+        }
+        let own = self.stream;
+        let id = self.get_free_block(own, kind, rounded)?;
+        if self.order_after(dev, index, borrower, own).is_err() {
+            self.pool_insert(id);
+            return None;
+        }
+        let (ptr, id) = self
+            .hand_out(dev, index, id, size, rounded, borrower)
+            .ok()?;
+        let b = &mut self.blocks[id];
+        b.lent = true;
+        b.stream_uses.insert(0, borrower);
+        Some(ptr)
+    }
+
+    /// Block lending, the borrower's side (`lend_blocks`; never while capturing): another
+    /// stream's free block for this request (see `lend_block`).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn borrow_block(
+        &mut self,
+        dev: &dyn Device,
+        index: DeviceIndex,
+        size: usize,
+        rounded: usize,
+        stream: StreamHandle,
+        kind: PoolKind,
+        peers: &dyn Peers,
+    ) -> Option<DevicePtr> {
+        if !self.config.lend_blocks || self.capturing.is_some() {
+            return None;
+        }
+        let mut lent = None;
+        peers.visit(&mut |other| {
+            lent = other.lend_block(dev, index, kind, size, rounded, stream);
+            lent.is_none()
+        });
+        lent
+    }
+}

@@ -1,0 +1,166 @@
+//! One stream's shard state: its blocks, free lists, events, lending and statistics,
+//! behind the shard's mutex. Each concern lives in its own file, all `impl ShardState`:
+//!
+//! | file | concern |
+//! |---|---|
+//! | `ladder.rs` | the malloc ladder: own cache → lending → grow → release and grow |
+//! | `free_lists.rs` | best fit, split, hot cache, merge; block statistics |
+//! | `events.rs` | frees, `record_stream`, cross-stream events, parked frees |
+//! | `ordering.rs` | device-side waits between streams, fences, dirty marks (shared by lending and release) |
+//! | `lending.rs` | lending segments and blocks to other streams' shards |
+//! | `release.rs` | giving segments back: cache release, reclaim before growth, GC |
+//! | `capture.rs` | graph-private pools and capture |
+//! | `expandable.rs` | expandable segments: mapping and unmapping pages |
+//! | `inspect.rs` | read-only views for statistics and snapshots |
+//!
+//! Invariants (see `../invariants.rs`, which checks them):
+//! - every block belongs to exactly one segment, whose blocks tile it;
+//! - free blocks are exactly the free-list entries, and never neighbours;
+//! - allocated blocks are exactly the pointer-map entries;
+//! - a pending block's `event_count` equals its queued events plus parked frees;
+//! - a lent block is allocated here for another stream's caller (`stream_uses[0]`); a
+//!   dirty block is free and has marks in `dirty`, and only such blocks have marks;
+//! - `reserved` and every current statistic equal a recount of the blocks.
+
+mod capture;
+mod events;
+mod expandable;
+mod free_lists;
+mod inspect;
+mod ladder;
+mod lending;
+mod ordering;
+mod release;
+
+pub use capture::PrivatePool;
+
+use rustc_hash::FxHashSet;
+use std::sync::Arc;
+
+use slab::Slab;
+
+use super::shared::Shared;
+use crate::config::Config;
+use crate::device::{Device, DeviceIndex, DevicePtr, StreamHandle};
+use crate::error::Error;
+use crate::pool::{Block, BlockId, PoolTag, PtrTable, StreamMap, VmSegment};
+use crate::profiling::Mstx;
+use crate::stats::DeviceStats;
+use crate::stream::{DirtyMarks, EventPool, Fences, PendingFrees};
+
+/// Access to the other streams' shards from inside one shard's slow path.
+pub(crate) trait Peers {
+    /// Calls `f` on each other shard whose lock is free right now, until it returns false.
+    fn visit(&self, f: &mut dyn FnMut(&mut ShardState) -> bool);
+}
+
+/// Where a request that missed this stream's free lists is served.
+enum Grant {
+    /// A block of this shard (from a new or borrowed segment, or pages mapped).
+    Own(BlockId),
+    /// A block lent by another stream's shard, which keeps it (see `lend_block`).
+    Lent(DevicePtr),
+}
+
+/// No other shards (tests of one shard, and the last-resort pass).
+pub(crate) struct NoPeers;
+
+impl Peers for NoPeers {
+    fn visit(&self, _: &mut dyn FnMut(&mut ShardState) -> bool) {}
+}
+
+pub(super) struct ShardState {
+    /// The stream this shard serves (its own pools are keyed by it).
+    pub stream: StreamHandle,
+    pub config: Config,
+    pub blocks: Slab<Block>,
+    /// This shard's live allocations: pointer → block.
+    pub ptrs: PtrTable,
+    pub pools: StreamMap,
+    pub known_streams: FxHashSet<StreamHandle>,
+    pub pending: PendingFrees,
+    /// Blocks whose events could not be recorded: each holds one `event_count` token
+    /// until the next full synchronisation.
+    pub parked: Vec<BlockId>,
+    pub events: EventPool,
+    pub stats: DeviceStats,
+    /// Settings and device-wide counters shared with the other streams' shards.
+    pub shared: Arc<Shared>,
+    pub reserved: usize,
+    /// Highest `reserved` of this shard (sizes its adaptive segments).
+    pub reserved_hwm: usize,
+    pub gc_calls: u64,
+    /// Number of malloc calls so far (the clock of segment idleness).
+    pub malloc_calls: u64,
+    /// Idle time (malloc calls) a segment needs before it may be reclaimed; doubles
+    /// whenever a reclaimed segment has to be allocated again soon after.
+    pub reclaim_min_idle: u64,
+    /// Recently reclaimed segments: (size, when).
+    pub recent_reclaims: std::collections::VecDeque<(usize, u64)>,
+    /// Profiler markers around the slow paths.
+    pub markers: Arc<Mstx>,
+    /// Graph-private pools of this stream; pool tag `t` is entry `t - 1`.
+    pub private: Vec<PrivatePool>,
+    /// The private pool allocations go to while a graph capture is under way.
+    pub capturing: Option<PoolTag>,
+    /// Frees with stream uses made during a capture: their events are recorded when it
+    /// ends (event calls are not allowed while capturing).
+    pub deferred: Vec<BlockId>,
+    /// Expandable segments (`Block::vm` is an index here plus one).
+    pub vm: Slab<VmSegment>,
+    /// How far the streams this shard lent blocks to have run.
+    pub fences: Fences,
+    /// Which free blocks streams they were lent to may still use (`Block::dirty`).
+    pub dirty: DirtyMarks,
+}
+
+impl ShardState {
+    pub fn new(stream: StreamHandle, shared: Arc<Shared>, markers: Arc<Mstx>) -> Self {
+        let config = shared.config.clone();
+        let mut known_streams = FxHashSet::default();
+        known_streams.insert(StreamHandle::DEFAULT);
+        ShardState {
+            stream,
+            config,
+            blocks: Slab::new(),
+            ptrs: PtrTable::default(),
+            pools: StreamMap::default(),
+            known_streams,
+            pending: PendingFrees::default(),
+            parked: Vec::new(),
+            events: EventPool::default(),
+            stats: DeviceStats::default(),
+            shared,
+            reserved: 0,
+            reserved_hwm: 0,
+            gc_calls: 0,
+            malloc_calls: 0,
+            reclaim_min_idle: 0,
+            recent_reclaims: std::collections::VecDeque::new(),
+            markers,
+            private: Vec::new(),
+            capturing: None,
+            deferred: Vec::new(),
+            vm: Slab::new(),
+            fences: Fences::default(),
+            dirty: DirtyMarks::default(),
+        }
+    }
+
+    pub fn check_stream(
+        &mut self,
+        dev: &dyn Device,
+        index: DeviceIndex,
+        s: StreamHandle,
+    ) -> Result<(), Error> {
+        if !self.known_streams.contains(&s) {
+            dev.check_stream(index, s)?;
+            self.known_streams.insert(s);
+        }
+        Ok(())
+    }
+
+    fn gc_enabled(&self) -> bool {
+        self.shared.allowed_max().is_some() && self.config.garbage_collection_threshold > 0.0
+    }
+}

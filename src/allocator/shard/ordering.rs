@@ -1,0 +1,129 @@
+//! Ordering between streams: device-side waits, fences of lent blocks, dirty marks.
+//! Shared by lending and release, so that neither imports the other.
+//!
+//! Contract: a stream is made to wait for another on the device (an event), never on the
+//! host unless event calls fail; a dirty block is handed out only after its taker was
+//! ordered after every stream it is dirty on whose fence has not been seen complete.
+//!
+//! Invariants: a block has dirty marks iff its `dirty` flag is set; a mark whose fence
+//! completed is clear and may be dropped at any time.
+
+use super::ShardState;
+use crate::device::{Device, DeviceIndex, StreamHandle};
+use crate::error::Error;
+use crate::pool::BlockId;
+use crate::stream::UNFENCED;
+
+impl ShardState {
+    /// Orders `taker` after every stream block `id` is still dirty on (other than
+    /// `taker` itself, whose own order suffices).
+    #[cold]
+    pub(super) fn wait_for_dirty(
+        &mut self,
+        dev: &dyn Device,
+        index: DeviceIndex,
+        id: BlockId,
+        taker: StreamHandle,
+    ) -> Result<(), Error> {
+        let marks: Vec<_> = self.dirty.get(id).to_vec();
+        for (s, epoch) in marks {
+            if s != taker && !self.fences.is_clear(s, epoch) {
+                self.order_after(dev, index, taker, s)?;
+                if taker == self.stream {
+                    self.fences.met(s);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops block `id`'s dirty state if all its marks are clear.
+    pub(super) fn prune_marks(&mut self, id: BlockId) {
+        if self.blocks[id].dirty && self.fences.all_clear(self.dirty.get(id)) {
+            self.dirty.take(id);
+            self.blocks[id].dirty = false;
+        }
+    }
+
+    /// Before `stream` starts capturing: waits for the fences on it, so that no block
+    /// stays dirty on it (taking one would record an event on the capturing stream).
+    pub fn settle_fences_on(
+        &mut self,
+        dev: &dyn Device,
+        index: DeviceIndex,
+        stream: StreamHandle,
+    ) -> Result<(), Error> {
+        let events = &mut self.events;
+        self.fences
+            .synchronize(dev, index, Some(stream), |ev| events.put(ev))?;
+        let unfenced = self
+            .dirty
+            .iter()
+            .any(|(_, m)| m.iter().any(|&(s, e)| s == stream && e == UNFENCED));
+        if unfenced {
+            dev.synchronize_stream(index, stream)?;
+            for id in self.dirty.clear_stream(stream) {
+                self.blocks[id].dirty = false;
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes in the fences that completed (no waiting). Only lending and slow paths poll
+    /// them, never the fast path: a fence frees no memory, it only spares the next taker
+    /// of a dirty block a device-side wait and lets a dirty segment go back to the
+    /// device (a fence that never completes must not cost every malloc a query).
+    pub(super) fn poll_fences(&mut self, dev: &dyn Device, index: DeviceIndex) {
+        if !self.fences.is_empty() {
+            let events = &mut self.events;
+            self.fences.poll(dev, index, |ev| events.put(ev));
+        }
+    }
+
+    /// Whether block `id` may still be in use on a stream it was lent to.
+    pub(super) fn is_dirty(&self, id: BlockId) -> bool {
+        self.blocks[id].dirty && !self.fences.all_clear(self.dirty.get(id))
+    }
+
+    /// Records a fence on `borrower` for a lent block it just freed; returns the
+    /// epoch of the block's dirty mark.
+    pub(super) fn fence(
+        &mut self,
+        dev: &dyn Device,
+        index: DeviceIndex,
+        borrower: StreamHandle,
+    ) -> u64 {
+        let Ok(ev) = self.events.get(dev, index) else {
+            return UNFENCED;
+        };
+        match dev.event_record(index, ev, borrower) {
+            Ok(()) => self.fences.push(borrower, ev),
+            Err(_) => {
+                self.events.put(ev);
+                UNFENCED
+            }
+        }
+    }
+
+    /// Makes `stream` wait on the device for the work queued on `from` so far (an
+    /// event recorded on `from`); without events, on the host.
+    pub(super) fn order_after(
+        &mut self,
+        dev: &dyn Device,
+        index: DeviceIndex,
+        stream: StreamHandle,
+        from: StreamHandle,
+    ) -> Result<(), Error> {
+        let ordered = self.events.get(dev, index).and_then(|ev| {
+            let r = dev
+                .event_record(index, ev, from)
+                .and_then(|_| dev.stream_wait_event(index, stream, ev));
+            self.events.put(ev);
+            r
+        });
+        if ordered.is_err() {
+            dev.synchronize_device(index)?;
+        }
+        Ok(())
+    }
+}

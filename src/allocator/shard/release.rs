@@ -1,0 +1,303 @@
+//! Giving memory back to the device: whole free segments on cache release, before
+//! growth past the high-water mark (idle ones, with churn back-off), oversize blocks
+//! (`max_split_size_mb`) and PyTorch's garbage collection.
+//!
+//! Contract: only whole free segments that are not dirty (or whose streams were
+//! synchronised) go back; segments of private pools still in use never do; a device free
+//! is preceded by draining the host framework's queue (`drain_before_free`).
+
+use super::Peers;
+use super::ShardState;
+use crate::device::{Device, DeviceIndex, StreamHandle};
+use crate::error::Error;
+use crate::pool::{BlockId, PoolKind};
+
+/// How many recent reclaims are remembered for churn detection.
+const RECENT_RECLAIMS: usize = 64;
+/// A reclaimed segment allocated again within this many malloc calls counts as churn.
+const RECLAIM_WINDOW: u64 = 4096;
+/// The idle requirement after the first churn.
+const MIN_RECLAIM_IDLE: u64 = 64;
+
+impl ShardState {
+    /// This stream's own cached whole segments of `kinds` (in that order) that could go
+    /// back to the device without a host wait (not dirty): (size, block).
+    pub(super) fn clean_whole_segments<'a>(
+        &'a self,
+        kinds: &'a [PoolKind],
+    ) -> impl Iterator<Item = (usize, BlockId)> + 'a {
+        self.pools
+            .iter()
+            .filter(|((_, tag), _)| *tag == 0)
+            .flat_map(move |(_, p)| kinds.iter().flat_map(move |&k| p.get(k).iter()))
+            .filter(|&(_, _, id)| self.is_whole_segment(id) && !self.is_dirty(id))
+            .map(|(s, _, id)| (s, id))
+    }
+
+    /// Whether free block `id` is a whole device allocation (unsplit, not expandable).
+    pub(super) fn is_whole_segment(&self, id: BlockId) -> bool {
+        let b = &self.blocks[id];
+        !b.is_split() && b.vm == 0
+    }
+
+    /// Frees a whole, unsplit, free segment to the device.
+    pub(super) fn release_block(
+        &mut self,
+        dev: &dyn Device,
+        index: DeviceIndex,
+        id: BlockId,
+    ) -> Result<(), Error> {
+        let b = &self.blocks[id];
+        debug_assert!(b.is_free() && !b.is_split());
+        for &(s, epoch) in self.dirty.get(id) {
+            if !self.fences.is_clear(s, epoch) {
+                // Work queued there may still use it; device frees need not wait for it.
+                dev.synchronize_stream(index, s)?;
+            }
+        }
+        let range = self
+            .markers
+            .range(|| format!("npualloc.device_free {}B dev{index}", b.size));
+        let freed = dev.free(index, b.ptr);
+        drop(range);
+        freed?;
+        let (kind, size) = (b.kind, b.size);
+        self.pool_remove(id);
+        self.blocks.remove(id);
+        self.dirty.take(id);
+        self.shared.unreserve(size);
+        self.segment_removed(kind, size);
+        self.stats.num_device_free += 1;
+        Ok(())
+    }
+
+    /// Releases every free whole segment of every stream and pool.
+    pub(super) fn release_free_segments(
+        &mut self,
+        dev: &dyn Device,
+        index: DeviceIndex,
+    ) -> Result<(), Error> {
+        let whole: Vec<BlockId> = self
+            .pools
+            .iter()
+            .filter(|((_, tag), _)| self.pool_releasable(*tag))
+            .flat_map(|(_, p)| p.small.iter().chain(p.large.iter()))
+            .map(|(_, _, id)| id)
+            .filter(|&id| self.is_whole_segment(id))
+            .collect();
+        self.vm_release_free(dev, index, usize::MAX, 0);
+        let mut result = self.vm_release_reservations(dev, index);
+        if whole.is_empty() {
+            return result;
+        }
+        dev.drain_before_free(index)?;
+        for id in whole {
+            if let Err(e) = self.release_block(dev, index, id) {
+                result = result.and(Err(e));
+            }
+        }
+        self.pools
+            .retain(|_, p| !(p.small.is_empty() && p.large.is_empty() && p.hot.is_empty()));
+        result
+    }
+
+    /// PyTorch's `release_cached_blocks`: synchronise events, then free every cached segment.
+    pub fn release_cached_blocks(
+        &mut self,
+        dev: &dyn Device,
+        index: DeviceIndex,
+    ) -> Result<(), Error> {
+        let markers = self.markers.clone();
+        let _range = markers.range(|| format!("npualloc.cache_release dev{index}"));
+        let synced = self.synchronize_and_free_events(dev, index);
+        self.flush_hot();
+        let released = self.release_free_segments(dev, index);
+        synced.and(released)
+    }
+
+    /// With `max_split_size` set: free oversize cached blocks of this stream until
+    /// `max(size, max_split_size)` bytes are released.
+    pub(super) fn release_available_cached_blocks(
+        &mut self,
+        dev: &dyn Device,
+        index: DeviceIndex,
+        stream: StreamHandle,
+        kind: PoolKind,
+        size: usize,
+    ) -> bool {
+        let max_split = self.config.max_split_size;
+        if max_split == usize::MAX {
+            return false;
+        }
+        let target = size.max(max_split);
+        let Some(pools) = self.pools.get(&(stream, self.route())) else {
+            return false;
+        };
+        let list = pools.get(kind);
+        let whole = |id: BlockId| self.is_whole_segment(id);
+        if let Some((_, _, id)) = list.best_fit(target).filter(|&(_, _, id)| whole(id)) {
+            return dev.drain_before_free(index).is_ok()
+                && self.release_block(dev, index, id).is_ok();
+        }
+        let candidates: Vec<(usize, BlockId)> = list
+            .iter_desc()
+            .into_iter()
+            .take_while(|&(s, _, _)| s >= max_split)
+            .filter(|&(_, _, id)| whole(id))
+            .map(|(s, _, id)| (s, id))
+            .collect();
+        if candidates.is_empty() || dev.drain_before_free(index).is_err() {
+            return false;
+        }
+        let mut released = 0;
+        for (s, id) in candidates {
+            if released >= target {
+                break;
+            }
+            if self.release_block(dev, index, id).is_ok() {
+                released += s;
+            }
+        }
+        released >= target
+    }
+
+    /// Before reserved memory grows past its high-water mark, return wholly empty cached
+    /// segments (which cannot serve this request: the free lists had no fit) until the
+    /// new segment fits under the mark. Below the mark nothing is freed, so a repeating
+    /// workload settles with no device frees.
+    pub(super) fn release_empty_before_growth(
+        &mut self,
+        dev: &dyn Device,
+        index: DeviceIndex,
+        seg_size: usize,
+        peers: &dyn Peers,
+    ) {
+        if !self.config.reclaim_before_growth {
+            return;
+        }
+        let over = (self.shared.reserved() + seg_size).saturating_sub(self.shared.hwm());
+        if over == 0 || dev.drain_before_free(index).is_err() {
+            return;
+        }
+        let mut released = self.release_idle_segments(dev, index, over);
+        if released < over {
+            peers.visit(&mut |other| {
+                released += other.release_idle_segments(dev, index, over - released);
+                released < over
+            });
+        }
+    }
+
+    /// Releases wholly empty cached segments idle long enough (largest first: the
+    /// fewest device frees for the bytes) until `want` bytes are freed; returns the bytes.
+    pub(super) fn release_idle_segments(
+        &mut self,
+        dev: &dyn Device,
+        index: DeviceIndex,
+        want: usize,
+    ) -> usize {
+        self.poll_fences(dev, index);
+        let min_idle = self.reclaim_min_idle;
+        let mut empties: Vec<(usize, BlockId)> = self
+            .clean_whole_segments(&[PoolKind::Small, PoolKind::Large])
+            .filter(|&(_, id)| self.malloc_calls - self.blocks[id].freed_at >= min_idle)
+            .collect();
+        empties.sort_by_key(|e| std::cmp::Reverse(e.0));
+        let mut released = 0;
+        for (s, id) in empties {
+            if released >= want {
+                break;
+            }
+            if self.release_block(dev, index, id).is_ok() {
+                released += s;
+                if self.recent_reclaims.len() == RECENT_RECLAIMS {
+                    self.recent_reclaims.pop_front();
+                }
+                self.recent_reclaims.push_back((s, self.malloc_calls));
+            }
+        }
+        if released < want {
+            released += self.vm_release_free(dev, index, want - released, min_idle);
+        }
+        released
+    }
+
+    /// A new segment of `size` bytes: if one like it was reclaimed recently, reclaiming
+    /// is churning (a cyclic workload needs it back), so demand longer idleness.
+    pub(super) fn note_segment_malloc(&mut self, size: usize) {
+        let now = self.malloc_calls;
+        let window = RECLAIM_WINDOW;
+        if let Some(i) = self
+            .recent_reclaims
+            .iter()
+            .position(|&(s, at)| s == size && now - at <= window)
+        {
+            self.recent_reclaims.remove(i);
+            self.reclaim_min_idle = self
+                .reclaim_min_idle
+                .saturating_mul(2)
+                .max(MIN_RECLAIM_IDLE);
+        }
+    }
+
+    /// PyTorch's garbage collection: free old, unsplit large cached blocks until usage
+    /// falls below the threshold.
+    pub(super) fn garbage_collect(
+        &mut self,
+        dev: &dyn Device,
+        index: DeviceIndex,
+        peers: &dyn Peers,
+    ) {
+        let Some(max) = self.shared.allowed_max() else {
+            return;
+        };
+        let threshold = (self.config.garbage_collection_threshold * max as f64) as usize;
+        let reserved = self.shared.reserved();
+        if reserved <= threshold || dev.drain_before_free(index).is_err() {
+            return;
+        }
+        let target = reserved - threshold;
+        let mut reclaimed = self.collect_old_blocks(dev, index, target);
+        if reclaimed < target {
+            peers.visit(&mut |other| {
+                reclaimed += other.collect_old_blocks(dev, index, target - reclaimed);
+                reclaimed < target
+            });
+        }
+    }
+
+    /// Frees unsplit large cached blocks, oldest first by rounds of "older than the
+    /// average age", until `target` bytes are reclaimed; returns the bytes.
+    pub(super) fn collect_old_blocks(
+        &mut self,
+        dev: &dyn Device,
+        index: DeviceIndex,
+        target: usize,
+    ) -> usize {
+        let mut candidates: Vec<(u64, usize, BlockId)> = self
+            .clean_whole_segments(&[PoolKind::Large])
+            .map(|(s, id)| (self.gc_calls - self.blocks[id].gc_count_base, s, id))
+            .collect();
+        let mut reclaimed = 0;
+        while reclaimed < target && !candidates.is_empty() {
+            let avg = candidates.iter().map(|c| c.0).sum::<u64>() / candidates.len() as u64;
+            let (old, young): (Vec<_>, Vec<_>) = candidates.into_iter().partition(|c| c.0 >= avg);
+            candidates = young;
+            for (_, s, id) in old {
+                if reclaimed >= target {
+                    break;
+                }
+                if self.release_block(dev, index, id).is_ok() {
+                    reclaimed += s;
+                }
+            }
+        }
+        reclaimed
+    }
+
+    pub fn empty_cache(&mut self, dev: &dyn Device, index: DeviceIndex) -> Result<(), Error> {
+        let released = self.release_cached_blocks(dev, index);
+        let destroyed = self.events.destroy_idle(dev, index).map_err(Error::from);
+        released.and(destroyed)
+    }
+}
