@@ -72,7 +72,6 @@ pub struct CachingAllocator {
     device: Arc<dyn Device>,
     index: DeviceIndex,
     shared: Arc<Shared>,
-    markers: RwLock<Arc<Mstx>>,
     shards: ShardTable,
     /// Distinguishes allocators in the per-thread hint.
     id: u64,
@@ -123,10 +122,9 @@ impl CachingAllocator {
             }
         }
         Ok(CachingAllocator {
-            device,
+            device: device.clone(),
             index: index as DeviceIndex,
-            shared: Arc::new(Shared::new(config, padding)),
-            markers: RwLock::new(Mstx::global()),
+            shared: Arc::new(Shared::new(device, index as DeviceIndex, config, padding)),
             shards: ShardTable::new(),
             id: {
                 static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -137,11 +135,13 @@ impl CachingAllocator {
     }
 
     /// Uses `markers` for profiler ranges instead of the process-wide mstx library.
-    pub fn with_markers(self, markers: Arc<Mstx>) -> Self {
-        for s in self.shards.all() {
-            s.state.lock().markers = markers.clone();
+    /// Call it before the first allocation: shards already created keep the markers they
+    /// were created with.
+    pub fn with_markers(mut self, markers: Arc<Mstx>) -> Self {
+        match Arc::get_mut(&mut self.shared) {
+            Some(shared) => shared.markers = markers,
+            None => log::warn!("with_markers after the first allocation is ignored"),
         }
-        *self.markers.write() = markers;
         self
     }
 
@@ -161,11 +161,8 @@ impl CachingAllocator {
             return Ok(found);
         }
         self.device.check_stream(self.index, stream)?;
-        let markers = self.markers.read().clone();
         self.shards
-            .get_or_insert(stream, || {
-                ShardState::new(stream, self.shared.clone(), markers)
-            })
+            .get_or_insert(stream, || ShardState::new(stream, self.shared.clone()))
             .ok_or_else(|| {
                 Error::InvalidState(format!(
                     "device {} already serves {MAX_STREAMS} streams",
@@ -215,7 +212,7 @@ impl CachingAllocator {
         for (si, s) in self.shards.iter() {
             if si != own && s.pending.load(Ordering::Relaxed) > 0 {
                 if let Some(mut st) = s.state.try_lock() {
-                    st.process_events(&*self.device, self.index);
+                    st.process_events();
                     self.set_pending(s, st.pending_count());
                 }
             }
@@ -228,7 +225,6 @@ impl CachingAllocator {
             return Err(Error::ZeroSize);
         }
         let (si, shard) = self.shard(stream)?;
-        let dev = &*self.device;
         // Every malloc polls every stream's pending frees (others' only when they have some).
         if self.shared.pending_total.load(Ordering::Relaxed)
             > shard.pending.load(Ordering::Relaxed) as isize
@@ -241,7 +237,7 @@ impl CachingAllocator {
                 table: &self.shards,
                 own: stream,
             };
-            let found = st.malloc(dev, self.index, size, stream, false, &peers);
+            let found = st.malloc(size, false, &peers);
             self.set_pending(shard, st.pending_count());
             match found {
                 Ok(Some(ptr)) => {
@@ -259,12 +255,10 @@ impl CachingAllocator {
         // Only the other streams' caches can help: release them one shard at a time
         // (never holding two shard locks), then try once more.
         let _ = self.for_other_shards(stream, |st| {
-            let _ = st.release_cached_blocks(dev, self.index);
+            let _ = st.release_cached_blocks();
             Ok::<(), Error>(())
         });
-        let found = self.with_shard(shard, |st| {
-            st.malloc(dev, self.index, size, stream, true, &NoPeers)
-        });
+        let found = self.with_shard(shard, |st| st.malloc(size, true, &NoPeers));
         let ptr = found
             .map_err(|e| self.malloc_failed(e, size))?
             .expect("the last attempt either allocates or reports out of memory");
@@ -304,9 +298,7 @@ impl CachingAllocator {
     }
 
     fn settle_fences_on(&self, stream: StreamHandle) -> Result<(), Error> {
-        self.for_other_shards(stream, |st| {
-            st.settle_fences_on(&*self.device, self.index, stream)
-        })
+        self.for_other_shards(stream, |st| st.settle_fences_on(stream))
     }
 
     /// Stops routing to private pool `id` (PyTorch's `endAllocateToPool`).
@@ -314,7 +306,7 @@ impl CachingAllocator {
         for shard in self.shards.all() {
             let mut st = shard.state.lock();
             if st.is_capturing_to(id) {
-                st.end_allocate_to_pool(&*self.device, self.index);
+                st.end_allocate_to_pool();
                 self.set_pending(shard, st.pending_count());
                 self.shared.set_capturing(shard.stream, false);
                 return Ok(());
@@ -398,7 +390,7 @@ impl CachingAllocator {
             let Some(id) = st.ptrs.remove(&ptr) else {
                 return false;
             };
-            st.free(&*self.device, self.index, id);
+            st.free(id);
             self.set_pending(shard, st.pending_count());
             true
         };
@@ -461,10 +453,8 @@ impl CachingAllocator {
     /// Marks `ptr` as used on `stream` (a no-op for the block's own stream).
     pub fn record_stream(&self, ptr: DevicePtr, stream: StreamHandle) -> Result<(), Error> {
         let unknown = Error::UnknownPointer { ptr };
-        self.with_owner(ptr, None, |_, st, id| {
-            st.record_stream(&*self.device, self.index, id, ptr, stream)
-        })
-        .unwrap_or(Err(unknown))
+        self.with_owner(ptr, None, |_, st, id| st.record_stream(id, ptr, stream))
+            .unwrap_or(Err(unknown))
     }
 
     /// Forgets a use of `ptr` on `stream` recorded earlier (torch_npu's `erase_stream`).
@@ -491,7 +481,7 @@ impl CachingAllocator {
     pub fn empty_cache(&self) -> Result<(), Error> {
         let mut result = Ok(());
         for s in self.shards.all() {
-            let emptied = self.with_shard(s, |st| st.empty_cache(&*self.device, self.index));
+            let emptied = self.with_shard(s, |st| st.empty_cache());
             result = result.and(emptied);
         }
         result

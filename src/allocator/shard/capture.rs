@@ -12,7 +12,6 @@
 //! - every deferred free holds one `event_count` token until `end_allocate_to_pool`.
 
 use super::ShardState;
-use crate::device::{Device, DeviceIndex};
 use crate::error::Error;
 use crate::pool::PoolTag;
 
@@ -82,11 +81,11 @@ impl ShardState {
 
     /// Stops routing to the private pool and records the events of frees deferred
     /// during the capture.
-    pub fn end_allocate_to_pool(&mut self, dev: &dyn Device, index: DeviceIndex) {
+    pub fn end_allocate_to_pool(&mut self) {
         self.capturing = None;
         for id in std::mem::take(&mut self.deferred) {
             self.blocks[id].event_count -= 1;
-            self.insert_events(dev, index, id);
+            self.insert_events(id);
         }
     }
 

@@ -9,23 +9,23 @@
 //! or deferred tokens; it returns to the free lists when the count reaches 0.
 
 use super::ShardState;
-use crate::device::{Device, DeviceError, DeviceIndex, DevicePtr, StreamHandle};
+use crate::device::{DeviceError, DevicePtr, StreamHandle};
 use crate::error::Error;
 use crate::pool::BlockId;
 use crate::stats::{self};
 
 impl ShardState {
-    pub fn free(&mut self, dev: &dyn Device, index: DeviceIndex, id: BlockId) {
+    pub fn free(&mut self, id: BlockId) {
         let b = &mut self.blocks[id];
         debug_assert!(b.allocated);
         b.allocated = false;
         let (st, size, lent) = (b.kind.stat_type(), b.size, b.lent);
         stats::decrease(&mut self.stats.allocation, st, 1);
         stats::decrease(&mut self.stats.allocated_bytes, st, size);
-        if size >= self.config.max_split_size {
+        if size >= self.shared.config.max_split_size {
             self.stats.oversize_allocations.decrease(1);
         }
-        if lent && self.return_lent(dev, index, id) {
+        if lent && self.return_lent(id) {
             return;
         }
         if self.blocks[id].stream_uses.is_empty() {
@@ -35,20 +35,24 @@ impl ShardState {
             self.blocks[id].event_count += 1;
             self.deferred.push(id);
         } else {
-            self.insert_events(dev, index, id);
+            self.insert_events(id);
         }
     }
 
     /// Records one event per other stream the block was used on.
-    pub(super) fn insert_events(&mut self, dev: &dyn Device, index: DeviceIndex, id: BlockId) {
+    pub(super) fn insert_events(&mut self, id: BlockId) {
+        let index = self.index;
         let uses = std::mem::take(&mut self.blocks[id].stream_uses);
         let mut failed = false;
         for s in uses {
-            let recorded = self.events.get(dev, index).and_then(|ev| {
-                dev.event_record(index, ev, s).map(|_| ev).inspect_err(|_| {
-                    // Never queued: the event is idle and can go straight back.
-                    self.events.put(ev);
-                })
+            let recorded = self.events.get(&*self.dev, index).and_then(|ev| {
+                self.dev
+                    .event_record(index, ev, s)
+                    .map(|_| ev)
+                    .inspect_err(|_| {
+                        // Never queued: the event is idle and can go straight back.
+                        self.events.put(ev);
+                    })
             });
             match recorded {
                 Ok(ev) => {
@@ -68,8 +72,6 @@ impl ShardState {
 
     pub fn record_stream(
         &mut self,
-        dev: &dyn Device,
-        index: DeviceIndex,
         id: BlockId,
         ptr: DevicePtr,
         stream: StreamHandle,
@@ -84,7 +86,7 @@ impl ShardState {
         if self.blocks[id].stream == stream {
             return Ok(());
         }
-        self.check_stream(dev, index, stream)?;
+        self.check_stream(stream)?;
         let uses = &mut self.blocks[id].stream_uses;
         if !uses.contains(&stream) {
             uses.push(stream);
@@ -111,10 +113,11 @@ impl ShardState {
     }
 
     /// Returns blocks whose events have all completed to their free lists (no waiting).
-    pub fn process_events(&mut self, dev: &dyn Device, index: DeviceIndex) {
+    pub fn process_events(&mut self) {
+        let index = self.index;
         let mut ready = Vec::new();
         let events = &mut self.events;
-        self.pending.poll(dev, index, |_, ev, id| {
+        self.pending.poll(&*self.dev, index, |_, ev, id| {
             events.put(ev);
             ready.push(id);
         });
@@ -132,13 +135,10 @@ impl ShardState {
     }
 
     /// Waits for every pending event and parked free; PyTorch's `synchronize_and_free_events`.
-    pub(super) fn synchronize_and_free_events(
-        &mut self,
-        dev: &dyn Device,
-        index: DeviceIndex,
-    ) -> Result<(), Error> {
+    pub(super) fn synchronize_and_free_events(&mut self) -> Result<(), Error> {
+        let index = self.index;
         self.stats.num_sync_all_streams += 1;
-        let markers = self.markers.clone();
+        let markers = self.shared.markers.clone();
         let _range = markers.range(|| {
             format!(
                 "npualloc.event_sync {} events dev{index}",
@@ -147,7 +147,7 @@ impl ShardState {
         });
         let mut first_err: Option<DeviceError> = None;
         if !self.parked.is_empty() {
-            match dev.synchronize_device(index) {
+            match self.dev.synchronize_device(index) {
                 Ok(()) => {
                     for id in std::mem::take(&mut self.parked) {
                         self.event_done(id);
@@ -159,12 +159,12 @@ impl ShardState {
         let events = &mut self.events;
         if let Err(e) = self
             .fences
-            .synchronize(dev, index, None, |ev| events.put(ev))
+            .synchronize(&*self.dev, index, None, |ev| events.put(ev))
         {
             first_err.get_or_insert(e);
         }
         for (s, ev, id) in self.pending.drain() {
-            match dev.event_synchronize(index, ev) {
+            match self.dev.event_synchronize(index, ev) {
                 Ok(()) => {
                     self.events.put(ev);
                     self.event_done(id);

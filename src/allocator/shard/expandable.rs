@@ -15,7 +15,7 @@
 
 use super::free_lists::apply_net;
 use super::ShardState;
-use crate::device::{Device, DeviceIndex, DevicePtr, StreamHandle};
+use crate::device::{DevicePtr, StreamHandle};
 use crate::error::Error;
 use crate::pool::{Block, BlockId, PoolKind, VmSegment};
 use crate::stats;
@@ -54,22 +54,17 @@ impl ShardState {
     /// Reserves a new expandable segment for (`stream`, current pool, `kind`): 9/8 of
     /// device memory for the large pool (PyTorch's size), at most 2 GiB for the small
     /// one (torch_npu's cap); another is reserved when one fills up.
-    fn vm_reserve_segment(
-        &mut self,
-        dev: &dyn Device,
-        index: DeviceIndex,
-        stream: StreamHandle,
-        kind: PoolKind,
-    ) -> Result<usize, Error> {
+    fn vm_reserve_segment(&mut self, stream: StreamHandle, kind: PoolKind) -> Result<usize, Error> {
+        let index = self.index;
         // The page size was checked against the device's granularity at creation.
-        let page = self.config.page_size(kind);
-        let total = dev.mem_info(index)?.total;
+        let page = self.shared.config.page_size(kind);
+        let total = self.dev.mem_info(index)?.total;
         let cap = match kind {
             PoolKind::Small => SMALL_RESERVATION,
             PoolKind::Large => MAX_RESERVATION,
         };
         let pages = (total / 8 * 9).min(cap).div_ceil(page).max(1);
-        let base = dev.vm_reserve(index, pages * page)?;
+        let base = self.dev.vm_reserve(index, pages * page)?;
         let pool = self.route();
         Ok(self
             .vm
@@ -107,8 +102,6 @@ impl ShardState {
     /// the memory fraction, or the reservation) is full.
     pub(super) fn vm_grow(
         &mut self,
-        dev: &dyn Device,
-        index: DeviceIndex,
         stream: StreamHandle,
         kind: PoolKind,
         rounded: usize,
@@ -133,14 +126,14 @@ impl ShardState {
             Some(b) => b,
             None => {
                 // None yet, or every reservation is full.
-                let seg = self.vm_reserve_segment(dev, index, stream, kind)?;
+                let seg = self.vm_reserve_segment(stream, kind)?;
                 match self.vm_fit(seg, rounded) {
                     Some(fit) => (seg, fit),
                     None => return Ok(None), // larger than a whole reservation
                 }
             }
         };
-        self.vm_map_range(dev, index, seg, fit)
+        self.vm_map_range(seg, fit)
     }
 
     /// Where segment `seg` could map the fewest pages to hold a free block of `rounded`
@@ -197,13 +190,8 @@ impl ShardState {
 
     /// Maps the pages of `fit` in segment `seg`, one mapping each, and hands back the
     /// free block they make with their free neighbours.
-    fn vm_map_range(
-        &mut self,
-        dev: &dyn Device,
-        index: DeviceIndex,
-        seg: usize,
-        fit: Fit,
-    ) -> Result<Option<BlockId>, Error> {
+    fn vm_map_range(&mut self, seg: usize, fit: Fit) -> Result<Option<BlockId>, Error> {
+        let index = self.index;
         let (page, first, stream, kind, pool) = {
             let s = &self.vm[seg];
             (s.page, (fit.at - s.base) / s.page, s.stream, s.kind, s.pool)
@@ -213,18 +201,18 @@ impl ShardState {
         if !self.shared.try_reserve(bytes) {
             return Ok(None);
         }
-        let markers = self.markers.clone();
+        let markers = self.shared.markers.clone();
         let range = markers.range(|| format!("npualloc.map {bytes}B dev{index}"));
         // One mapping per page, as PyTorch and torch_npu: a free page can always go back
         // (mapping a whole grow at once was measured worse, benches/README.md).
         for i in 0..k {
-            match dev.vm_map(index, va + i * page, page) {
+            match self.dev.vm_map(index, va + i * page, page) {
                 Ok(h) => self.vm[seg].pages[first + i] = Some(h),
                 Err(e) => {
                     // Roll back what this call mapped.
                     for j in 0..i {
                         if let Some(h) = self.vm[seg].pages[first + j].take() {
-                            let _ = dev.vm_unmap(index, va + j * page, page, h);
+                            let _ = self.dev.vm_unmap(index, va + j * page, page, h);
                         }
                     }
                     self.shared.unreserve(bytes);
@@ -282,13 +270,8 @@ impl ShardState {
 
     /// Unmaps whole pages of free block `id` (in its free list), from its end, until at
     /// least `want` bytes; returns the bytes. The caller has synchronised the stream.
-    fn vm_unmap_block(
-        &mut self,
-        dev: &dyn Device,
-        index: DeviceIndex,
-        id: BlockId,
-        want: usize,
-    ) -> Result<usize, Error> {
+    fn vm_unmap_block(&mut self, id: BlockId, want: usize) -> Result<usize, Error> {
+        let index = self.index;
         let b = &self.blocks[id];
         let seg = b.vm as usize - 1;
         let (ptr, size, prev, next, kind) = (b.ptr, b.size, b.prev, b.next, b.kind);
@@ -303,7 +286,7 @@ impl ShardState {
         for i in from..from + n {
             let va = self.vm[seg].addr(i);
             let h = self.vm[seg].pages[i].expect("a block covers mapped pages only");
-            match dev.vm_unmap(index, va, page, h) {
+            match self.dev.vm_unmap(index, va, page, h) {
                 Ok(()) => {
                     self.vm[seg].pages[i] = None;
                     done += 1;
@@ -371,13 +354,8 @@ impl ShardState {
 
     /// Unmaps whole free pages of blocks freed at least `min_idle` malloc calls ago, in
     /// releasable pools, largest first, until `want` bytes are unmapped; returns the bytes.
-    pub(super) fn vm_release_free(
-        &mut self,
-        dev: &dyn Device,
-        index: DeviceIndex,
-        want: usize,
-        min_idle: u64,
-    ) -> usize {
+    pub(super) fn vm_release_free(&mut self, want: usize, min_idle: u64) -> usize {
+        let index = self.index;
         if self.vm.is_empty() || self.capturing.is_some() {
             return 0;
         }
@@ -410,16 +388,16 @@ impl ShardState {
             .collect();
         streams.sort_unstable();
         streams.dedup();
-        if dev.drain_before_free(index).is_err()
+        if self.dev.drain_before_free(index).is_err()
             || streams.iter().any(|&s| {
                 // An idle stream needs no wait (the host queue was drained above).
-                !dev.stream_query(index, s).unwrap_or(false)
-                    && dev.synchronize_stream(index, s).is_err()
+                !self.dev.stream_query(index, s).unwrap_or(false)
+                    && self.dev.synchronize_stream(index, s).is_err()
             })
         {
             return 0;
         }
-        let markers = self.markers.clone();
+        let markers = self.shared.markers.clone();
         let _range = markers.range(|| format!("npualloc.unmap dev{index}"));
         // A synchronisation is paid anyway: take a little more than asked, so the next
         // growth does not need another one at once.
@@ -433,7 +411,7 @@ impl ShardState {
             if released >= want {
                 break;
             }
-            if let Ok(n) = self.vm_unmap_block(dev, index, id, want - released) {
+            if let Ok(n) = self.vm_unmap_block(id, want - released) {
                 released += n;
             }
         }
@@ -441,11 +419,8 @@ impl ShardState {
     }
 
     /// Returns the reservations of segments with nothing mapped (on cache release).
-    pub(super) fn vm_release_reservations(
-        &mut self,
-        dev: &dyn Device,
-        index: DeviceIndex,
-    ) -> Result<(), Error> {
+    pub(super) fn vm_release_reservations(&mut self) -> Result<(), Error> {
+        let index = self.index;
         let empty: Vec<usize> = self
             .vm
             .iter()
@@ -455,7 +430,7 @@ impl ShardState {
         let mut result = Ok(());
         for i in empty {
             let s = &self.vm[i];
-            match dev.vm_release(index, s.base, s.end() - s.base) {
+            match self.dev.vm_release(index, s.base, s.end() - s.base) {
                 Ok(()) => {
                     self.vm.remove(i);
                 }

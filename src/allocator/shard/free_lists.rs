@@ -52,11 +52,13 @@ impl ShardState {
         }
         let list = self.pools.get(&(stream, self.route()))?.get(kind);
         let (bsize, _, id) = list.best_fit(size)?;
-        let max_split = self.config.max_split_size;
+        let max_split = self.shared.config.max_split_size;
         if size < max_split && bsize >= max_split {
             return None;
         }
-        if size >= max_split && bsize >= size.saturating_add(self.config.max_non_split_rounding) {
+        if size >= max_split
+            && bsize >= size.saturating_add(self.shared.config.max_non_split_rounding)
+        {
             return None;
         }
         self.pool_remove(id);
@@ -71,7 +73,7 @@ impl ShardState {
         }
         match block.kind {
             PoolKind::Small => rem >= MIN_BLOCK,
-            PoolKind::Large => rounded < self.config.max_split_size && rem > SMALL_SIZE,
+            PoolKind::Large => rounded < self.shared.config.max_split_size && rem > SMALL_SIZE,
         }
     }
 
@@ -122,7 +124,7 @@ impl ShardState {
         stats::increase(&mut self.stats.active, st, 1);
         stats::increase(&mut self.stats.active_bytes, st, bsize);
         stats::increase(&mut self.stats.requested_bytes, st, size);
-        if bsize >= self.config.max_split_size {
+        if bsize >= self.shared.config.max_split_size {
             self.stats.oversize_allocations.increase(1);
         }
         out
@@ -147,7 +149,8 @@ impl ShardState {
         // Only small-pool blocks: parking large blocks unmerged changes where later
         // large requests land and costs reserve (measured on the shipped traces).
         let b = &self.blocks[id];
-        let small = b.kind == PoolKind::Small && b.pool == 0 && self.config.hot_cache && !b.dirty;
+        let small =
+            b.kind == PoolKind::Small && b.pool == 0 && self.shared.config.hot_cache && !b.dirty;
         let hot = &mut self.pools.get_or_default((stream, 0)).hot;
         if small && hot.len() < HOT_CAPACITY {
             hot.push((size, id));
@@ -263,7 +266,7 @@ impl ShardState {
         let st = kind.stat_type();
         stats::increase(&mut self.stats.segment, st, 1);
         stats::increase(&mut self.stats.reserved_bytes, st, size);
-        if size >= self.config.max_split_size {
+        if size >= self.shared.config.max_split_size {
             self.stats.oversize_segments.increase(1);
         }
     }
@@ -274,7 +277,7 @@ impl ShardState {
         let st = kind.stat_type();
         stats::decrease(&mut self.stats.segment, st, 1);
         stats::decrease(&mut self.stats.reserved_bytes, st, size);
-        if size >= self.config.max_split_size {
+        if size >= self.shared.config.max_split_size {
             self.stats.oversize_segments.decrease(1);
         }
     }

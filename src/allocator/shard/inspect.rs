@@ -16,7 +16,7 @@ impl ShardState {
 
     pub fn stats_snapshot(&self) -> DeviceStats {
         let mut s = self.stats;
-        s.max_split_size = i64::try_from(self.config.max_split_size).unwrap_or(i64::MAX);
+        s.max_split_size = i64::try_from(self.shared.config.max_split_size).unwrap_or(i64::MAX);
         s
     }
 

@@ -9,7 +9,7 @@
 use super::ShardState;
 use super::{Grant, Peers};
 use crate::allocator::oom;
-use crate::device::{Device, DeviceIndex, DevicePtr, StreamHandle};
+use crate::device::{DevicePtr, StreamHandle};
 use crate::error::Error;
 use crate::pool::rounding::{allocation_size, round_size, LARGE_BUFFER, ROUND_LARGE, SMALL_SIZE};
 use crate::pool::{Block, BlockId, PoolKind};
@@ -25,13 +25,11 @@ impl ShardState {
     /// held) and calls again with `others_released`.
     pub fn malloc(
         &mut self,
-        dev: &dyn Device,
-        index: DeviceIndex,
         size: usize,
-        stream: StreamHandle,
         others_released: bool,
         peers: &dyn Peers,
     ) -> Result<Option<DevicePtr>, Error> {
+        let stream = self.stream;
         if size == 0 {
             return Err(Error::ZeroSize);
         }
@@ -40,22 +38,20 @@ impl ShardState {
         let padded = size
             .checked_add(self.shared.padding)
             .ok_or_else(too_large)?;
-        let rounded = round_size(padded, &self.config).ok_or_else(too_large)?;
+        let rounded = round_size(padded, &self.shared.config).ok_or_else(too_large)?;
         if self.pending_count() > 0 && self.capturing.is_none() {
-            self.process_events(dev, index);
+            self.process_events();
         }
         let kind = PoolKind::for_size(rounded);
 
         if let Some(id) = self.hot_take(stream, rounded) {
             return self
-                .hand_out(dev, index, id, size, rounded, stream)
+                .hand_out(id, size, rounded, stream)
                 .map(|(ptr, _)| Some(ptr));
         }
         let id = match self.get_free_block(stream, kind, rounded) {
             Some(id) => id,
             None => match self.allocate_segment(
-                dev,
-                index,
                 size,
                 rounded,
                 self.segment_size(rounded).ok_or_else(too_large)?,
@@ -69,7 +65,7 @@ impl ShardState {
                 None => return Ok(None),
             },
         };
-        self.hand_out(dev, index, id, size, rounded, stream)
+        self.hand_out(id, size, rounded, stream)
             .map(|(ptr, _)| Some(ptr))
     }
 
@@ -80,8 +76,6 @@ impl ShardState {
     #[inline(always)]
     pub(super) fn hand_out(
         &mut self,
-        dev: &dyn Device,
-        index: DeviceIndex,
         id: BlockId,
         size: usize,
         rounded: usize,
@@ -89,8 +83,8 @@ impl ShardState {
     ) -> Result<(DevicePtr, BlockId), Error> {
         let dirty = self.blocks[id].dirty;
         if dirty {
-            self.poll_fences(dev, index);
-            if let Err(e) = self.wait_for_dirty(dev, index, id, taker) {
+            self.poll_fences();
+            if let Err(e) = self.wait_for_dirty(id, taker) {
                 self.pool_insert(id);
                 return Err(e);
             }
@@ -115,7 +109,7 @@ impl ShardState {
     /// whose freed space coalesces, instead of each size stranding a segment of its own.
     pub(super) fn segment_size(&self, rounded: usize) -> Option<usize> {
         let pytorch = allocation_size(rounded)?;
-        if !self.config.adaptive_segments || rounded <= SMALL_SIZE {
+        if !self.shared.config.adaptive_segments || rounded <= SMALL_SIZE {
             return Some(pytorch);
         }
         // This stream's own high-water mark, but at least half the device's: streams
@@ -132,8 +126,6 @@ impl ShardState {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn allocate_segment(
         &mut self,
-        dev: &dyn Device,
-        index: DeviceIndex,
         size: usize,
         rounded: usize,
         seg_size: usize,
@@ -142,41 +134,40 @@ impl ShardState {
         others_released: bool,
         peers: &dyn Peers,
     ) -> Result<Option<Grant>, Error> {
-        self.poll_fences(dev, index);
+        let index = self.index;
+        self.poll_fences();
         // Merge the hot cache first: its blocks may combine into a fit.
         if self.flush_hot() {
             if let Some(id) = self.get_free_block(stream, kind, rounded) {
                 return Ok(Some(Grant::Own(id)));
             }
         }
-        let expandable = self.config.expandable_segments;
+        let expandable = self.shared.config.expandable_segments;
         if expandable && !others_released {
             // Another stream's free block before mapping pages.
-            if let Some(ptr) = self.borrow_block(dev, index, size, rounded, stream, kind, peers) {
+            if let Some(ptr) = self.borrow_block(size, rounded, stream, kind, peers) {
                 return Ok(Some(Grant::Lent(ptr)));
             }
             return Ok(self
-                .allocate_pages(dev, index, size, rounded, stream, kind, peers)?
+                .allocate_pages(size, rounded, stream, kind, peers)?
                 .map(Grant::Own));
         }
         if !others_released {
             if self.gc_enabled() {
-                self.garbage_collect(dev, index, peers);
+                self.garbage_collect(peers);
             }
-            if let Some(id) =
-                self.borrow_segment(dev, index, stream, kind, rounded, seg_size, peers)?
-            {
+            if let Some(id) = self.borrow_segment(stream, kind, rounded, seg_size, peers)? {
                 return Ok(Some(Grant::Own(id)));
             }
-            if let Some(ptr) = self.borrow_block(dev, index, size, rounded, stream, kind, peers) {
+            if let Some(ptr) = self.borrow_block(size, rounded, stream, kind, peers) {
                 return Ok(Some(Grant::Lent(ptr)));
             }
-            self.release_empty_before_growth(dev, index, seg_size, peers);
-            if let Some(id) = self.alloc_block(dev, index, seg_size, stream, kind)? {
+            self.release_empty_before_growth(seg_size, peers);
+            if let Some(id) = self.alloc_block(seg_size, stream, kind)? {
                 return Ok(Some(Grant::Own(id)));
             }
-            if self.release_available_cached_blocks(dev, index, stream, kind, rounded) {
-                if let Some(id) = self.alloc_block(dev, index, seg_size, stream, kind)? {
+            if self.release_available_cached_blocks(stream, kind, rounded) {
+                if let Some(id) = self.alloc_block(seg_size, stream, kind)? {
                     return Ok(Some(Grant::Own(id)));
                 }
             }
@@ -185,29 +176,29 @@ impl ShardState {
             if self.capturing.is_none() {
                 return Ok(None);
             }
-            return Err(self.out_of_memory(dev, index, size, seg_size));
+            return Err(self.out_of_memory(size, seg_size));
         }
         // Last resort: wait for all pending frees, release every cached segment, retry.
-        let markers = self.markers.clone();
+        let markers = self.shared.markers.clone();
         let _range = markers.range(|| format!("npualloc.oom_retry {size}B dev{index}"));
-        let released = self.release_cached_blocks(dev, index);
+        let released = self.release_cached_blocks();
         self.stats.num_alloc_retries += 1;
         if released.is_ok() {
             let grown = if expandable {
-                self.vm_grow(dev, index, stream, kind, rounded)?
+                self.vm_grow(stream, kind, rounded)?
             } else {
-                self.alloc_block(dev, index, seg_size, stream, kind)?
+                self.alloc_block(seg_size, stream, kind)?
             };
             if let Some(id) = grown {
                 return Ok(Some(Grant::Own(id)));
             }
         }
         let asked = if expandable {
-            rounded.next_multiple_of(self.config.page_size(kind))
+            rounded.next_multiple_of(self.shared.config.page_size(kind))
         } else {
             seg_size
         };
-        Err(self.out_of_memory(dev, index, size, asked))
+        Err(self.out_of_memory(size, asked))
     }
 
     /// The first attempt of `allocate_segment` with expandable segments: map pages,
@@ -216,41 +207,34 @@ impl ShardState {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn allocate_pages(
         &mut self,
-        dev: &dyn Device,
-        index: DeviceIndex,
         size: usize,
         rounded: usize,
         stream: StreamHandle,
         kind: PoolKind,
         peers: &dyn Peers,
     ) -> Result<Option<BlockId>, Error> {
-        let grow = rounded.next_multiple_of(self.config.page_size(kind));
+        let grow = rounded.next_multiple_of(self.shared.config.page_size(kind));
         if self.capturing.is_none() {
-            self.release_empty_before_growth(dev, index, grow, peers);
+            self.release_empty_before_growth(grow, peers);
         }
-        if let Some(id) = self.vm_grow(dev, index, stream, kind, rounded)? {
+        if let Some(id) = self.vm_grow(stream, kind, rounded)? {
             return Ok(Some(id));
         }
         if self.capturing.is_some() {
             // A capture must not synchronise: no releasing, out of memory now.
-            return Err(self.out_of_memory(dev, index, size, grow));
+            return Err(self.out_of_memory(size, grow));
         }
-        if self.vm_release_free(dev, index, usize::MAX, 0) > 0 {
-            return self.vm_grow(dev, index, stream, kind, rounded);
+        if self.vm_release_free(usize::MAX, 0) > 0 {
+            return self.vm_grow(stream, kind, rounded);
         }
         Ok(None)
     }
 
     /// Counts an OOM and builds its error, with torch_npu's message.
-    pub(super) fn out_of_memory(
-        &mut self,
-        dev: &dyn Device,
-        index: DeviceIndex,
-        size: usize,
-        seg_size: usize,
-    ) -> Error {
+    pub(super) fn out_of_memory(&mut self, size: usize, seg_size: usize) -> Error {
+        let index = self.index;
         self.stats.num_ooms += 1;
-        let info = dev.mem_info(index).ok();
+        let info = self.dev.mem_info(index).ok();
         Error::OutOfMemory {
             requested: size,
             message: oom::message(
@@ -267,18 +251,17 @@ impl ShardState {
     /// Allocates a whole segment; `Ok(None)` when the device (or the fraction) is full.
     pub(super) fn alloc_block(
         &mut self,
-        dev: &dyn Device,
-        index: DeviceIndex,
         seg_size: usize,
         stream: StreamHandle,
         kind: PoolKind,
     ) -> Result<Option<BlockId>, Error> {
+        let index = self.index;
         if !self.shared.try_reserve(seg_size) {
             return Ok(None); // over the memory fraction
         }
-        let markers = self.markers.clone();
+        let markers = self.shared.markers.clone();
         let range = markers.range(|| format!("npualloc.device_malloc {seg_size}B dev{index}"));
-        let result = dev.malloc(index, seg_size);
+        let result = self.dev.malloc(index, seg_size);
         drop(range);
         let ptr = match result {
             Ok(p) => p,

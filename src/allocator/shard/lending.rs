@@ -10,7 +10,7 @@
 
 use super::Peers;
 use super::ShardState;
-use crate::device::{Device, DeviceIndex, DevicePtr, StreamHandle};
+use crate::device::{DevicePtr, StreamHandle};
 use crate::error::Error;
 use crate::pool::{Block, BlockId, PoolKind};
 
@@ -24,13 +24,8 @@ impl ShardState {
     /// it was kept back instead: no event may be recorded on a capturing borrower, so
     /// the block waits for the next full synchronisation (cache release or OOM retry).
     #[cold]
-    pub(super) fn return_lent(
-        &mut self,
-        dev: &dyn Device,
-        index: DeviceIndex,
-        id: BlockId,
-    ) -> bool {
-        self.poll_fences(dev, index); // recycles the events of completed fences
+    pub(super) fn return_lent(&mut self, id: BlockId) -> bool {
+        self.poll_fences(); // recycles the events of completed fences
         let b = &mut self.blocks[id];
         b.lent = false;
         let borrower = b.stream_uses.remove(0);
@@ -41,7 +36,7 @@ impl ShardState {
             self.parked.push(id);
             return true;
         }
-        let epoch = self.fence(dev, index, borrower);
+        let epoch = self.fence(borrower);
         self.dirty.add(id, borrower, epoch);
         self.blocks[id].dirty = true;
         false
@@ -54,21 +49,19 @@ impl ShardState {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn borrow_segment(
         &mut self,
-        dev: &dyn Device,
-        index: DeviceIndex,
         stream: StreamHandle,
         kind: PoolKind,
         rounded: usize,
         seg_size: usize,
         peers: &dyn Peers,
     ) -> Result<Option<BlockId>, Error> {
-        if !self.config.lend_segments || self.capturing.is_some() {
+        if !self.shared.config.lend_segments || self.capturing.is_some() {
             return Ok(None);
         }
         let limit = seg_size.saturating_mul(LEND_SIZE_FACTOR);
         let mut lent = None;
         peers.visit(&mut |other| {
-            lent = other.lend_segment(dev, index, kind, rounded, limit, stream);
+            lent = other.lend_segment(kind, rounded, limit, stream);
             lent.is_none()
         });
         let Some((ptr, size)) = lent else {
@@ -86,8 +79,6 @@ impl ShardState {
     /// (address, size).
     pub fn lend_segment(
         &mut self,
-        dev: &dyn Device,
-        index: DeviceIndex,
         kind: PoolKind,
         size: usize,
         limit: usize,
@@ -103,8 +94,8 @@ impl ShardState {
             .flat_map(|(_, p)| p.get(kind).iter())
             .filter(|&(s, _, id)| s >= size && s <= limit && self.is_whole_segment(id))
             .min_by_key(|&(s, p, _)| (s, p))?;
-        self.order_after(dev, index, borrower, self.stream).ok()?;
-        self.wait_for_dirty(dev, index, id, borrower).ok()?;
+        self.order_after(borrower, self.stream).ok()?;
+        self.wait_for_dirty(id, borrower).ok()?;
         self.pool_remove(id);
         let b = self.blocks.remove(id);
         self.dirty.take(id);
@@ -119,8 +110,6 @@ impl ShardState {
     /// on the borrower (`return_lent`).
     pub fn lend_block(
         &mut self,
-        dev: &dyn Device,
-        index: DeviceIndex,
         kind: PoolKind,
         size: usize,
         rounded: usize,
@@ -131,13 +120,11 @@ impl ShardState {
         }
         let own = self.stream;
         let id = self.get_free_block(own, kind, rounded)?;
-        if self.order_after(dev, index, borrower, own).is_err() {
+        if self.order_after(borrower, own).is_err() {
             self.pool_insert(id);
             return None;
         }
-        let (ptr, id) = self
-            .hand_out(dev, index, id, size, rounded, borrower)
-            .ok()?;
+        let (ptr, id) = self.hand_out(id, size, rounded, borrower).ok()?;
         let b = &mut self.blocks[id];
         b.lent = true;
         b.stream_uses.insert(0, borrower);
@@ -149,20 +136,18 @@ impl ShardState {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn borrow_block(
         &mut self,
-        dev: &dyn Device,
-        index: DeviceIndex,
         size: usize,
         rounded: usize,
         stream: StreamHandle,
         kind: PoolKind,
         peers: &dyn Peers,
     ) -> Option<DevicePtr> {
-        if !self.config.lend_blocks || self.capturing.is_some() {
+        if !self.shared.config.lend_blocks || self.capturing.is_some() {
             return None;
         }
         let mut lent = None;
         peers.visit(&mut |other| {
-            lent = other.lend_block(dev, index, kind, size, rounded, stream);
+            lent = other.lend_block(kind, size, rounded, stream);
             lent.is_none()
         });
         lent

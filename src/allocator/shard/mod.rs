@@ -40,11 +40,9 @@ use std::sync::Arc;
 use slab::Slab;
 
 use super::shared::Shared;
-use crate::config::Config;
 use crate::device::{Device, DeviceIndex, DevicePtr, StreamHandle};
 use crate::error::Error;
 use crate::pool::{Block, BlockId, PoolTag, PtrTable, StreamMap, VmSegment};
-use crate::profiling::Mstx;
 use crate::stats::DeviceStats;
 use crate::stream::{DirtyMarks, EventPool, Fences, PendingFrees};
 
@@ -72,7 +70,10 @@ impl Peers for NoPeers {
 pub(super) struct ShardState {
     /// The stream this shard serves (its own pools are keyed by it).
     pub stream: StreamHandle,
-    pub config: Config,
+    /// The device this shard allocates on (the allocator's, shared by every shard).
+    pub dev: Arc<dyn Device>,
+    /// Its index.
+    pub index: DeviceIndex,
     pub blocks: Slab<Block>,
     /// This shard's live allocations: pointer → block.
     pub ptrs: PtrTable,
@@ -97,8 +98,6 @@ pub(super) struct ShardState {
     pub reclaim_min_idle: u64,
     /// Recently reclaimed segments: (size, when).
     pub recent_reclaims: std::collections::VecDeque<(usize, u64)>,
-    /// Profiler markers around the slow paths.
-    pub markers: Arc<Mstx>,
     /// Graph-private pools of this stream; pool tag `t` is entry `t - 1`.
     pub private: Vec<PrivatePool>,
     /// The private pool allocations go to while a graph capture is under way.
@@ -115,13 +114,13 @@ pub(super) struct ShardState {
 }
 
 impl ShardState {
-    pub fn new(stream: StreamHandle, shared: Arc<Shared>, markers: Arc<Mstx>) -> Self {
-        let config = shared.config.clone();
+    pub fn new(stream: StreamHandle, shared: Arc<Shared>) -> Self {
         let mut known_streams = FxHashSet::default();
         known_streams.insert(StreamHandle::DEFAULT);
         ShardState {
             stream,
-            config,
+            dev: shared.device.clone(),
+            index: shared.index,
             blocks: Slab::new(),
             ptrs: PtrTable::default(),
             pools: StreamMap::default(),
@@ -137,7 +136,6 @@ impl ShardState {
             malloc_calls: 0,
             reclaim_min_idle: 0,
             recent_reclaims: std::collections::VecDeque::new(),
-            markers,
             private: Vec::new(),
             capturing: None,
             deferred: Vec::new(),
@@ -147,20 +145,16 @@ impl ShardState {
         }
     }
 
-    pub fn check_stream(
-        &mut self,
-        dev: &dyn Device,
-        index: DeviceIndex,
-        s: StreamHandle,
-    ) -> Result<(), Error> {
+    pub fn check_stream(&mut self, s: StreamHandle) -> Result<(), Error> {
+        let index = self.index;
         if !self.known_streams.contains(&s) {
-            dev.check_stream(index, s)?;
+            self.dev.check_stream(index, s)?;
             self.known_streams.insert(s);
         }
         Ok(())
     }
 
     fn gc_enabled(&self) -> bool {
-        self.shared.allowed_max().is_some() && self.config.garbage_collection_threshold > 0.0
+        self.shared.allowed_max().is_some() && self.shared.config.garbage_collection_threshold > 0.0
     }
 }

@@ -9,7 +9,7 @@
 //! completed is clear and may be dropped at any time.
 
 use super::ShardState;
-use crate::device::{Device, DeviceIndex, StreamHandle};
+use crate::device::StreamHandle;
 use crate::error::Error;
 use crate::pool::BlockId;
 use crate::stream::UNFENCED;
@@ -18,17 +18,11 @@ impl ShardState {
     /// Orders `taker` after every stream block `id` is still dirty on (other than
     /// `taker` itself, whose own order suffices).
     #[cold]
-    pub(super) fn wait_for_dirty(
-        &mut self,
-        dev: &dyn Device,
-        index: DeviceIndex,
-        id: BlockId,
-        taker: StreamHandle,
-    ) -> Result<(), Error> {
+    pub(super) fn wait_for_dirty(&mut self, id: BlockId, taker: StreamHandle) -> Result<(), Error> {
         let marks: Vec<_> = self.dirty.get(id).to_vec();
         for (s, epoch) in marks {
             if s != taker && !self.fences.is_clear(s, epoch) {
-                self.order_after(dev, index, taker, s)?;
+                self.order_after(taker, s)?;
                 if taker == self.stream {
                     self.fences.met(s);
                 }
@@ -47,21 +41,17 @@ impl ShardState {
 
     /// Before `stream` starts capturing: waits for the fences on it, so that no block
     /// stays dirty on it (taking one would record an event on the capturing stream).
-    pub fn settle_fences_on(
-        &mut self,
-        dev: &dyn Device,
-        index: DeviceIndex,
-        stream: StreamHandle,
-    ) -> Result<(), Error> {
+    pub fn settle_fences_on(&mut self, stream: StreamHandle) -> Result<(), Error> {
+        let index = self.index;
         let events = &mut self.events;
         self.fences
-            .synchronize(dev, index, Some(stream), |ev| events.put(ev))?;
+            .synchronize(&*self.dev, index, Some(stream), |ev| events.put(ev))?;
         let unfenced = self
             .dirty
             .iter()
             .any(|(_, m)| m.iter().any(|&(s, e)| s == stream && e == UNFENCED));
         if unfenced {
-            dev.synchronize_stream(index, stream)?;
+            self.dev.synchronize_stream(index, stream)?;
             for id in self.dirty.clear_stream(stream) {
                 self.blocks[id].dirty = false;
             }
@@ -73,10 +63,11 @@ impl ShardState {
     /// them, never the fast path: a fence frees no memory, it only spares the next taker
     /// of a dirty block a device-side wait and lets a dirty segment go back to the
     /// device (a fence that never completes must not cost every malloc a query).
-    pub(super) fn poll_fences(&mut self, dev: &dyn Device, index: DeviceIndex) {
+    pub(super) fn poll_fences(&mut self) {
+        let index = self.index;
         if !self.fences.is_empty() {
             let events = &mut self.events;
-            self.fences.poll(dev, index, |ev| events.put(ev));
+            self.fences.poll(&*self.dev, index, |ev| events.put(ev));
         }
     }
 
@@ -87,16 +78,12 @@ impl ShardState {
 
     /// Records a fence on `borrower` for a lent block it just freed; returns the
     /// epoch of the block's dirty mark.
-    pub(super) fn fence(
-        &mut self,
-        dev: &dyn Device,
-        index: DeviceIndex,
-        borrower: StreamHandle,
-    ) -> u64 {
-        let Ok(ev) = self.events.get(dev, index) else {
+    pub(super) fn fence(&mut self, borrower: StreamHandle) -> u64 {
+        let index = self.index;
+        let Ok(ev) = self.events.get(&*self.dev, index) else {
             return UNFENCED;
         };
-        match dev.event_record(index, ev, borrower) {
+        match self.dev.event_record(index, ev, borrower) {
             Ok(()) => self.fences.push(borrower, ev),
             Err(_) => {
                 self.events.put(ev);
@@ -109,20 +96,20 @@ impl ShardState {
     /// event recorded on `from`); without events, on the host.
     pub(super) fn order_after(
         &mut self,
-        dev: &dyn Device,
-        index: DeviceIndex,
         stream: StreamHandle,
         from: StreamHandle,
     ) -> Result<(), Error> {
-        let ordered = self.events.get(dev, index).and_then(|ev| {
-            let r = dev
+        let index = self.index;
+        let ordered = self.events.get(&*self.dev, index).and_then(|ev| {
+            let r = self
+                .dev
                 .event_record(index, ev, from)
-                .and_then(|_| dev.stream_wait_event(index, stream, ev));
+                .and_then(|_| self.dev.stream_wait_event(index, stream, ev));
             self.events.put(ev);
             r
         });
         if ordered.is_err() {
-            dev.synchronize_device(index)?;
+            self.dev.synchronize_device(index)?;
         }
         Ok(())
     }

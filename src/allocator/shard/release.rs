@@ -8,7 +8,7 @@
 
 use super::Peers;
 use super::ShardState;
-use crate::device::{Device, DeviceIndex, StreamHandle};
+use crate::device::StreamHandle;
 use crate::error::Error;
 use crate::pool::{BlockId, PoolKind};
 
@@ -41,24 +41,21 @@ impl ShardState {
     }
 
     /// Frees a whole, unsplit, free segment to the device.
-    pub(super) fn release_block(
-        &mut self,
-        dev: &dyn Device,
-        index: DeviceIndex,
-        id: BlockId,
-    ) -> Result<(), Error> {
+    pub(super) fn release_block(&mut self, id: BlockId) -> Result<(), Error> {
+        let index = self.index;
         let b = &self.blocks[id];
         debug_assert!(b.is_free() && !b.is_split());
         for &(s, epoch) in self.dirty.get(id) {
             if !self.fences.is_clear(s, epoch) {
                 // Work queued there may still use it; device frees need not wait for it.
-                dev.synchronize_stream(index, s)?;
+                self.dev.synchronize_stream(index, s)?;
             }
         }
         let range = self
+            .shared
             .markers
             .range(|| format!("npualloc.device_free {}B dev{index}", b.size));
-        let freed = dev.free(index, b.ptr);
+        let freed = self.dev.free(index, b.ptr);
         drop(range);
         freed?;
         let (kind, size) = (b.kind, b.size);
@@ -72,11 +69,8 @@ impl ShardState {
     }
 
     /// Releases every free whole segment of every stream and pool.
-    pub(super) fn release_free_segments(
-        &mut self,
-        dev: &dyn Device,
-        index: DeviceIndex,
-    ) -> Result<(), Error> {
+    pub(super) fn release_free_segments(&mut self) -> Result<(), Error> {
+        let index = self.index;
         let whole: Vec<BlockId> = self
             .pools
             .iter()
@@ -85,14 +79,14 @@ impl ShardState {
             .map(|(_, _, id)| id)
             .filter(|&id| self.is_whole_segment(id))
             .collect();
-        self.vm_release_free(dev, index, usize::MAX, 0);
-        let mut result = self.vm_release_reservations(dev, index);
+        self.vm_release_free(usize::MAX, 0);
+        let mut result = self.vm_release_reservations();
         if whole.is_empty() {
             return result;
         }
-        dev.drain_before_free(index)?;
+        self.dev.drain_before_free(index)?;
         for id in whole {
-            if let Err(e) = self.release_block(dev, index, id) {
+            if let Err(e) = self.release_block(id) {
                 result = result.and(Err(e));
             }
         }
@@ -102,16 +96,13 @@ impl ShardState {
     }
 
     /// PyTorch's `release_cached_blocks`: synchronise events, then free every cached segment.
-    pub fn release_cached_blocks(
-        &mut self,
-        dev: &dyn Device,
-        index: DeviceIndex,
-    ) -> Result<(), Error> {
-        let markers = self.markers.clone();
+    pub fn release_cached_blocks(&mut self) -> Result<(), Error> {
+        let index = self.index;
+        let markers = self.shared.markers.clone();
         let _range = markers.range(|| format!("npualloc.cache_release dev{index}"));
-        let synced = self.synchronize_and_free_events(dev, index);
+        let synced = self.synchronize_and_free_events();
         self.flush_hot();
-        let released = self.release_free_segments(dev, index);
+        let released = self.release_free_segments();
         synced.and(released)
     }
 
@@ -119,13 +110,12 @@ impl ShardState {
     /// `max(size, max_split_size)` bytes are released.
     pub(super) fn release_available_cached_blocks(
         &mut self,
-        dev: &dyn Device,
-        index: DeviceIndex,
         stream: StreamHandle,
         kind: PoolKind,
         size: usize,
     ) -> bool {
-        let max_split = self.config.max_split_size;
+        let index = self.index;
+        let max_split = self.shared.config.max_split_size;
         if max_split == usize::MAX {
             return false;
         }
@@ -136,8 +126,7 @@ impl ShardState {
         let list = pools.get(kind);
         let whole = |id: BlockId| self.is_whole_segment(id);
         if let Some((_, _, id)) = list.best_fit(target).filter(|&(_, _, id)| whole(id)) {
-            return dev.drain_before_free(index).is_ok()
-                && self.release_block(dev, index, id).is_ok();
+            return self.dev.drain_before_free(index).is_ok() && self.release_block(id).is_ok();
         }
         let candidates: Vec<(usize, BlockId)> = list
             .iter_desc()
@@ -146,7 +135,7 @@ impl ShardState {
             .filter(|&(_, _, id)| whole(id))
             .map(|(s, _, id)| (s, id))
             .collect();
-        if candidates.is_empty() || dev.drain_before_free(index).is_err() {
+        if candidates.is_empty() || self.dev.drain_before_free(index).is_err() {
             return false;
         }
         let mut released = 0;
@@ -154,7 +143,7 @@ impl ShardState {
             if released >= target {
                 break;
             }
-            if self.release_block(dev, index, id).is_ok() {
+            if self.release_block(id).is_ok() {
                 released += s;
             }
         }
@@ -165,24 +154,19 @@ impl ShardState {
     /// segments (which cannot serve this request: the free lists had no fit) until the
     /// new segment fits under the mark. Below the mark nothing is freed, so a repeating
     /// workload settles with no device frees.
-    pub(super) fn release_empty_before_growth(
-        &mut self,
-        dev: &dyn Device,
-        index: DeviceIndex,
-        seg_size: usize,
-        peers: &dyn Peers,
-    ) {
-        if !self.config.reclaim_before_growth {
+    pub(super) fn release_empty_before_growth(&mut self, seg_size: usize, peers: &dyn Peers) {
+        let index = self.index;
+        if !self.shared.config.reclaim_before_growth {
             return;
         }
         let over = (self.shared.reserved() + seg_size).saturating_sub(self.shared.hwm());
-        if over == 0 || dev.drain_before_free(index).is_err() {
+        if over == 0 || self.dev.drain_before_free(index).is_err() {
             return;
         }
-        let mut released = self.release_idle_segments(dev, index, over);
+        let mut released = self.release_idle_segments(over);
         if released < over {
             peers.visit(&mut |other| {
-                released += other.release_idle_segments(dev, index, over - released);
+                released += other.release_idle_segments(over - released);
                 released < over
             });
         }
@@ -190,13 +174,8 @@ impl ShardState {
 
     /// Releases wholly empty cached segments idle long enough (largest first: the
     /// fewest device frees for the bytes) until `want` bytes are freed; returns the bytes.
-    pub(super) fn release_idle_segments(
-        &mut self,
-        dev: &dyn Device,
-        index: DeviceIndex,
-        want: usize,
-    ) -> usize {
-        self.poll_fences(dev, index);
+    pub(super) fn release_idle_segments(&mut self, want: usize) -> usize {
+        self.poll_fences();
         let min_idle = self.reclaim_min_idle;
         let mut empties: Vec<(usize, BlockId)> = self
             .clean_whole_segments(&[PoolKind::Small, PoolKind::Large])
@@ -208,7 +187,7 @@ impl ShardState {
             if released >= want {
                 break;
             }
-            if self.release_block(dev, index, id).is_ok() {
+            if self.release_block(id).is_ok() {
                 released += s;
                 if self.recent_reclaims.len() == RECENT_RECLAIMS {
                     self.recent_reclaims.pop_front();
@@ -217,7 +196,7 @@ impl ShardState {
             }
         }
         if released < want {
-            released += self.vm_release_free(dev, index, want - released, min_idle);
+            released += self.vm_release_free(want - released, min_idle);
         }
         released
     }
@@ -242,25 +221,21 @@ impl ShardState {
 
     /// PyTorch's garbage collection: free old, unsplit large cached blocks until usage
     /// falls below the threshold.
-    pub(super) fn garbage_collect(
-        &mut self,
-        dev: &dyn Device,
-        index: DeviceIndex,
-        peers: &dyn Peers,
-    ) {
+    pub(super) fn garbage_collect(&mut self, peers: &dyn Peers) {
+        let index = self.index;
         let Some(max) = self.shared.allowed_max() else {
             return;
         };
-        let threshold = (self.config.garbage_collection_threshold * max as f64) as usize;
+        let threshold = (self.shared.config.garbage_collection_threshold * max as f64) as usize;
         let reserved = self.shared.reserved();
-        if reserved <= threshold || dev.drain_before_free(index).is_err() {
+        if reserved <= threshold || self.dev.drain_before_free(index).is_err() {
             return;
         }
         let target = reserved - threshold;
-        let mut reclaimed = self.collect_old_blocks(dev, index, target);
+        let mut reclaimed = self.collect_old_blocks(target);
         if reclaimed < target {
             peers.visit(&mut |other| {
-                reclaimed += other.collect_old_blocks(dev, index, target - reclaimed);
+                reclaimed += other.collect_old_blocks(target - reclaimed);
                 reclaimed < target
             });
         }
@@ -268,12 +243,7 @@ impl ShardState {
 
     /// Frees unsplit large cached blocks, oldest first by rounds of "older than the
     /// average age", until `target` bytes are reclaimed; returns the bytes.
-    pub(super) fn collect_old_blocks(
-        &mut self,
-        dev: &dyn Device,
-        index: DeviceIndex,
-        target: usize,
-    ) -> usize {
+    pub(super) fn collect_old_blocks(&mut self, target: usize) -> usize {
         let mut candidates: Vec<(u64, usize, BlockId)> = self
             .clean_whole_segments(&[PoolKind::Large])
             .map(|(s, id)| (self.gc_calls - self.blocks[id].gc_count_base, s, id))
@@ -287,7 +257,7 @@ impl ShardState {
                 if reclaimed >= target {
                     break;
                 }
-                if self.release_block(dev, index, id).is_ok() {
+                if self.release_block(id).is_ok() {
                     reclaimed += s;
                 }
             }
@@ -295,9 +265,13 @@ impl ShardState {
         reclaimed
     }
 
-    pub fn empty_cache(&mut self, dev: &dyn Device, index: DeviceIndex) -> Result<(), Error> {
-        let released = self.release_cached_blocks(dev, index);
-        let destroyed = self.events.destroy_idle(dev, index).map_err(Error::from);
+    pub fn empty_cache(&mut self) -> Result<(), Error> {
+        let index = self.index;
+        let released = self.release_cached_blocks();
+        let destroyed = self
+            .events
+            .destroy_idle(&*self.dev, index)
+            .map_err(Error::from);
         released.and(destroyed)
     }
 }
