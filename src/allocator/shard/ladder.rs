@@ -1,10 +1,22 @@
 //! The malloc ladder of one shard: own cache, then lending, then growth, then release
 //! and growth (PyTorch's `malloc`, with npualloc's rungs in between).
 //!
+//! The rungs, in order (each one only when the ones above found nothing):
+//! 1. **own cache**: the hot cache, then best fit in this stream's free lists;
+//! 2. **merged cache**: the hot cache merged into the free lists, best fit again;
+//! 3. **lending**: garbage collection (with a memory fraction), a wholly free segment of
+//!    another stream, then a free block of another stream (`lending.rs`); with
+//!    expandable segments only the block;
+//! 4. **grow**: idle empty segments back first if reserved memory would pass its
+//!    high-water mark, then a device malloc (with expandable segments: map pages);
+//! 5. **release and grow**: oversize cached blocks back (`max_split_size_mb`), grow again;
+//! 6. **release everything and grow** (`others_released`: the caller has released the
+//!    other shards' caches without this shard's lock): wait for every pending free,
+//!    release every cached segment, grow; else out of memory.
+//!
 //! Contract: `malloc` either hands out a block (its pointer mapped in `ptrs`), returns
-//! `Ok(None)` when only releasing the other shards' caches could help (the caller does
-//! that without this shard's lock and calls again with `others_released`), or fails
-//! with out of memory after counting it.
+//! `Ok(None)` when only rung 6 could help, or fails with out of memory after counting it.
+//! A capture never reaches rung 6 (it must not synchronise): out of memory at once.
 
 use super::ShardState;
 use super::{Grant, Peers};
@@ -19,7 +31,35 @@ const ADAPTIVE_DIVISOR: usize = 8;
 /// ...but no larger than this.
 const ADAPTIVE_MAX: usize = 64 << 20;
 
+/// One malloc request, sized once (PyTorch's `AllocParams`).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Request {
+    /// Bytes the caller asked for.
+    pub size: usize,
+    /// The block size that serves it (padded and rounded).
+    pub rounded: usize,
+    /// The pool the block comes from.
+    pub kind: PoolKind,
+    /// The stream that will use the block: this shard's own, or a borrower's.
+    pub stream: StreamHandle,
+}
+
 impl ShardState {
+    /// Sizes a request of `size` bytes on this shard's stream.
+    fn request(&self, size: usize) -> Result<Request, Error> {
+        let too_large = || Error::SizeTooLarge { requested: size };
+        let padded = size
+            .checked_add(self.shared.padding)
+            .ok_or_else(too_large)?;
+        let rounded = round_size(padded, &self.shared.config).ok_or_else(too_large)?;
+        Ok(Request {
+            size,
+            rounded,
+            kind: PoolKind::for_size(rounded),
+            stream: self.stream,
+        })
+    }
+
     /// Serves a request on this shard's stream. `Ok(None)`: only releasing the other
     /// streams' caches could help; the caller does that (without this shard's lock
     /// held) and calls again with `others_released`.
@@ -29,67 +69,183 @@ impl ShardState {
         others_released: bool,
         peers: &dyn Peers,
     ) -> Result<Option<DevicePtr>, Error> {
-        let stream = self.stream;
         if size == 0 {
             return Err(Error::ZeroSize);
         }
         self.malloc_calls += 1;
-        let too_large = || Error::SizeTooLarge { requested: size };
-        let padded = size
-            .checked_add(self.shared.padding)
-            .ok_or_else(too_large)?;
-        let rounded = round_size(padded, &self.shared.config).ok_or_else(too_large)?;
+        let req = self.request(size)?;
         if self.pending_count() > 0 && self.capturing.is_none() {
             self.process_events();
         }
-        let kind = PoolKind::for_size(rounded);
-
-        if let Some(id) = self.hot_take(stream, rounded) {
-            return self
-                .hand_out(id, size, rounded, stream)
-                .map(|(ptr, _)| Some(ptr));
-        }
-        let id = match self.get_free_block(stream, kind, rounded) {
+        let id = match self.take_own_cache(&req) {
             Some(id) => id,
-            None => match self.allocate_segment(
-                size,
-                rounded,
-                self.segment_size(rounded).ok_or_else(too_large)?,
-                stream,
-                kind,
-                others_released,
-                peers,
-            )? {
+            None => match self.miss(&req, others_released, peers)? {
                 Some(Grant::Own(id)) => id,
                 Some(Grant::Lent(ptr)) => return Ok(Some(ptr)),
                 None => return Ok(None),
             },
         };
-        self.hand_out(id, size, rounded, stream)
-            .map(|(ptr, _)| Some(ptr))
+        self.hand_out(id, &req).map(|(ptr, _)| Some(ptr))
     }
 
-    /// Allocates found block `id` (out of its free list) for work on stream `taker`
-    /// and maps its address; returns (address, the allocated block). A dirty block first
-    /// orders `taker` after the streams that may still use it; if that fails, the block
+    /// Rung 1: a hot block of the exact size, else best fit in this stream's free lists.
+    #[inline(always)]
+    fn take_own_cache(&mut self, req: &Request) -> Option<BlockId> {
+        self.hot_take(req.stream, req.rounded)
+            .or_else(|| self.get_free_block(req.stream, req.kind, req.rounded))
+    }
+
+    /// Rungs 2 to 6, for a request the own cache could not serve.
+    fn miss(
+        &mut self,
+        req: &Request,
+        others_released: bool,
+        peers: &dyn Peers,
+    ) -> Result<Option<Grant>, Error> {
+        let seg_size = self.segment_size(req.rounded).ok_or(Error::SizeTooLarge {
+            requested: req.size,
+        })?;
+        self.poll_fences();
+        if let Some(id) = self.take_merged_cache(req) {
+            return Ok(Some(Grant::Own(id)));
+        }
+        if others_released {
+            return self.release_all_and_grow(req, seg_size).map(Some);
+        }
+        if self.shared.config.expandable_segments {
+            // Another stream's free block before mapping pages.
+            if let Some(ptr) = self.borrow_block(req, peers) {
+                return Ok(Some(Grant::Lent(ptr)));
+            }
+            return Ok(self.grow_pages(req, peers)?.map(Grant::Own));
+        }
+        if self.gc_enabled() {
+            self.garbage_collect(peers);
+        }
+        if let Some(id) = self.borrow_segment(req, seg_size, peers)? {
+            return Ok(Some(Grant::Own(id)));
+        }
+        if let Some(ptr) = self.borrow_block(req, peers) {
+            return Ok(Some(Grant::Lent(ptr)));
+        }
+        if let Some(id) = self.grow(req, seg_size, peers)? {
+            return Ok(Some(Grant::Own(id)));
+        }
+        if let Some(id) = self.release_oversize_and_grow(req, seg_size)? {
+            return Ok(Some(Grant::Own(id)));
+        }
+        // Only releasing every cache (the other streams' too) can help now; not
+        // during a capture, which must not synchronise.
+        if self.capturing.is_none() {
+            return Ok(None);
+        }
+        Err(self.out_of_memory(req.size, seg_size))
+    }
+
+    /// Rung 2: the hot cache merged into the free lists (its blocks may combine into a
+    /// fit), best fit again.
+    fn take_merged_cache(&mut self, req: &Request) -> Option<BlockId> {
+        if self.flush_hot() {
+            return self.get_free_block(req.stream, req.kind, req.rounded);
+        }
+        None
+    }
+
+    /// Rung 4: a new segment, after giving back idle empty segments if reserved memory
+    /// would pass its high-water mark.
+    fn grow(
+        &mut self,
+        req: &Request,
+        seg_size: usize,
+        peers: &dyn Peers,
+    ) -> Result<Option<BlockId>, Error> {
+        self.release_empty_before_growth(seg_size, peers);
+        self.alloc_block(seg_size, req.stream, req.kind)
+    }
+
+    /// Rung 5: oversize cached blocks of this stream back to the device
+    /// (`max_split_size_mb`), then a new segment.
+    fn release_oversize_and_grow(
+        &mut self,
+        req: &Request,
+        seg_size: usize,
+    ) -> Result<Option<BlockId>, Error> {
+        if self.release_available_cached_blocks(req.stream, req.kind, req.rounded) {
+            return self.alloc_block(seg_size, req.stream, req.kind);
+        }
+        Ok(None)
+    }
+
+    /// Rung 6, the last resort: wait for all pending frees, release every cached
+    /// segment, grow; else out of memory.
+    fn release_all_and_grow(&mut self, req: &Request, seg_size: usize) -> Result<Grant, Error> {
+        let (index, size) = (self.index, req.size);
+        let markers = self.shared.markers.clone();
+        let _range = markers.range(|| format!("npualloc.oom_retry {size}B dev{index}"));
+        let released = self.release_cached_blocks();
+        self.stats.num_alloc_retries += 1;
+        let expandable = self.shared.config.expandable_segments;
+        if released.is_ok() {
+            let grown = if expandable {
+                self.vm_grow(req.stream, req.kind, req.rounded)?
+            } else {
+                self.alloc_block(seg_size, req.stream, req.kind)?
+            };
+            if let Some(id) = grown {
+                return Ok(Grant::Own(id));
+            }
+        }
+        let asked = if expandable {
+            req.rounded
+                .next_multiple_of(self.shared.config.page_size(req.kind))
+        } else {
+            seg_size
+        };
+        Err(self.out_of_memory(size, asked))
+    }
+
+    /// Rung 4 with expandable segments: map pages, after giving back idle free pages if
+    /// reserved memory would pass its high-water mark; then this shard's free pages,
+    /// then (`Ok(None)`) the other shards' caches.
+    fn grow_pages(&mut self, req: &Request, peers: &dyn Peers) -> Result<Option<BlockId>, Error> {
+        let grow = req
+            .rounded
+            .next_multiple_of(self.shared.config.page_size(req.kind));
+        if self.capturing.is_none() {
+            self.release_empty_before_growth(grow, peers);
+        }
+        if let Some(id) = self.vm_grow(req.stream, req.kind, req.rounded)? {
+            return Ok(Some(id));
+        }
+        if self.capturing.is_some() {
+            // A capture must not synchronise: no releasing, out of memory now.
+            return Err(self.out_of_memory(req.size, grow));
+        }
+        if self.vm_release_free(usize::MAX, 0) > 0 {
+            return self.vm_grow(req.stream, req.kind, req.rounded);
+        }
+        Ok(None)
+    }
+
+    /// Allocates found block `id` (out of its free list) for `req` (whose stream is the
+    /// taker) and maps its address; returns (address, the allocated block). A dirty block first
+    /// orders the taker after the streams that may still use it; if that fails, the block
     /// goes back to its free list.
     #[inline(always)]
     pub(super) fn hand_out(
         &mut self,
         id: BlockId,
-        size: usize,
-        rounded: usize,
-        taker: StreamHandle,
+        req: &Request,
     ) -> Result<(DevicePtr, BlockId), Error> {
         let dirty = self.blocks[id].dirty;
         if dirty {
             self.poll_fences();
-            if let Err(e) = self.wait_for_dirty(id, taker) {
+            if let Err(e) = self.wait_for_dirty(id, req.stream) {
                 self.pool_insert(id);
                 return Err(e);
             }
         }
-        let out = self.alloc_found_block(id, size, rounded);
+        let out = self.alloc_found_block(id, req.size, req.rounded);
         if dirty && out == id {
             // Handed out whole; a split-off front starts clean and the free remainder
             // (`id`) stays dirty for other takers, unless the wait met its marks.
@@ -120,114 +276,6 @@ impl ShardState {
         let floor = (mark / ADAPTIVE_DIVISOR).clamp(LARGE_BUFFER, ADAPTIVE_MAX);
         let exact = rounded.checked_next_multiple_of(ROUND_LARGE)?;
         Some(exact.max(floor.next_multiple_of(ROUND_LARGE)))
-    }
-
-    /// The slow path: a new segment, releasing cache as needed, or out of memory.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn allocate_segment(
-        &mut self,
-        size: usize,
-        rounded: usize,
-        seg_size: usize,
-        stream: StreamHandle,
-        kind: PoolKind,
-        others_released: bool,
-        peers: &dyn Peers,
-    ) -> Result<Option<Grant>, Error> {
-        let index = self.index;
-        self.poll_fences();
-        // Merge the hot cache first: its blocks may combine into a fit.
-        if self.flush_hot() {
-            if let Some(id) = self.get_free_block(stream, kind, rounded) {
-                return Ok(Some(Grant::Own(id)));
-            }
-        }
-        let expandable = self.shared.config.expandable_segments;
-        if expandable && !others_released {
-            // Another stream's free block before mapping pages.
-            if let Some(ptr) = self.borrow_block(size, rounded, stream, kind, peers) {
-                return Ok(Some(Grant::Lent(ptr)));
-            }
-            return Ok(self
-                .allocate_pages(size, rounded, stream, kind, peers)?
-                .map(Grant::Own));
-        }
-        if !others_released {
-            if self.gc_enabled() {
-                self.garbage_collect(peers);
-            }
-            if let Some(id) = self.borrow_segment(stream, kind, rounded, seg_size, peers)? {
-                return Ok(Some(Grant::Own(id)));
-            }
-            if let Some(ptr) = self.borrow_block(size, rounded, stream, kind, peers) {
-                return Ok(Some(Grant::Lent(ptr)));
-            }
-            self.release_empty_before_growth(seg_size, peers);
-            if let Some(id) = self.alloc_block(seg_size, stream, kind)? {
-                return Ok(Some(Grant::Own(id)));
-            }
-            if self.release_available_cached_blocks(stream, kind, rounded) {
-                if let Some(id) = self.alloc_block(seg_size, stream, kind)? {
-                    return Ok(Some(Grant::Own(id)));
-                }
-            }
-            // Only releasing every cache (the other streams' too) can help now; not
-            // during a capture, which must not synchronise.
-            if self.capturing.is_none() {
-                return Ok(None);
-            }
-            return Err(self.out_of_memory(size, seg_size));
-        }
-        // Last resort: wait for all pending frees, release every cached segment, retry.
-        let markers = self.shared.markers.clone();
-        let _range = markers.range(|| format!("npualloc.oom_retry {size}B dev{index}"));
-        let released = self.release_cached_blocks();
-        self.stats.num_alloc_retries += 1;
-        if released.is_ok() {
-            let grown = if expandable {
-                self.vm_grow(stream, kind, rounded)?
-            } else {
-                self.alloc_block(seg_size, stream, kind)?
-            };
-            if let Some(id) = grown {
-                return Ok(Some(Grant::Own(id)));
-            }
-        }
-        let asked = if expandable {
-            rounded.next_multiple_of(self.shared.config.page_size(kind))
-        } else {
-            seg_size
-        };
-        Err(self.out_of_memory(size, asked))
-    }
-
-    /// The first attempt of `allocate_segment` with expandable segments: map pages,
-    /// after giving back idle free pages if reserved memory would pass its high-water
-    /// mark; then this shard's free pages, then (`Ok(None)`) the other shards' caches.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn allocate_pages(
-        &mut self,
-        size: usize,
-        rounded: usize,
-        stream: StreamHandle,
-        kind: PoolKind,
-        peers: &dyn Peers,
-    ) -> Result<Option<BlockId>, Error> {
-        let grow = rounded.next_multiple_of(self.shared.config.page_size(kind));
-        if self.capturing.is_none() {
-            self.release_empty_before_growth(grow, peers);
-        }
-        if let Some(id) = self.vm_grow(stream, kind, rounded)? {
-            return Ok(Some(id));
-        }
-        if self.capturing.is_some() {
-            // A capture must not synchronise: no releasing, out of memory now.
-            return Err(self.out_of_memory(size, grow));
-        }
-        if self.vm_release_free(usize::MAX, 0) > 0 {
-            return self.vm_grow(stream, kind, rounded);
-        }
-        Ok(None)
     }
 
     /// Counts an OOM and builds its error, with torch_npu's message.

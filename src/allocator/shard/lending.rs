@@ -8,6 +8,7 @@
 //!
 //! Invariant: a lent block is allocated and `stream_uses[0]` is its borrower.
 
+use super::ladder::Request;
 use super::Peers;
 use super::ShardState;
 use crate::device::{DevicePtr, StreamHandle};
@@ -46,22 +47,20 @@ impl ShardState {
     /// device allocation, take a wholly free cached segment from another stream's shard.
     /// This stream waits on the device for an event recorded on the lender's stream
     /// (work queued there on the segment finishes first); the host never blocks.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn borrow_segment(
         &mut self,
-        stream: StreamHandle,
-        kind: PoolKind,
-        rounded: usize,
+        req: &Request,
         seg_size: usize,
         peers: &dyn Peers,
     ) -> Result<Option<BlockId>, Error> {
+        let (stream, kind) = (req.stream, req.kind);
         if !self.shared.config.lend_segments || self.capturing.is_some() {
             return Ok(None);
         }
         let limit = seg_size.saturating_mul(LEND_SIZE_FACTOR);
         let mut lent = None;
         peers.visit(&mut |other| {
-            lent = other.lend_segment(kind, rounded, limit, stream);
+            lent = other.lend_segment(kind, req.rounded, limit, stream);
             lent.is_none()
         });
         let Some((ptr, size)) = lent else {
@@ -103,28 +102,22 @@ impl ShardState {
         Some((b.ptr, bsize))
     }
 
-    /// Serves a request of `rounded` bytes made on stream `borrower` from this shard's
-    /// free blocks (best fit, as for its own requests). The borrower first waits on the
-    /// device for the work queued on this stream so far. The block stays this shard's,
-    /// allocated, with `borrower` as its user; once freed it comes back at once, dirty
-    /// on the borrower (`return_lent`).
-    pub fn lend_block(
-        &mut self,
-        kind: PoolKind,
-        size: usize,
-        rounded: usize,
-        borrower: StreamHandle,
-    ) -> Option<DevicePtr> {
+    /// Serves `req`, made on another stream (the borrower, `req.stream`), from this
+    /// shard's free blocks (best fit, as for its own requests). The borrower first waits
+    /// on the device for the work queued on this stream so far. The block stays this
+    /// shard's, allocated, with the borrower as its user; once freed it comes back at
+    /// once, dirty on the borrower (`return_lent`).
+    pub(super) fn lend_block(&mut self, req: &Request) -> Option<DevicePtr> {
         if self.capturing.is_some() {
             return None;
         }
-        let own = self.stream;
-        let id = self.get_free_block(own, kind, rounded)?;
+        let (own, borrower) = (self.stream, req.stream);
+        let id = self.get_free_block(own, req.kind, req.rounded)?;
         if self.order_after(borrower, own).is_err() {
             self.pool_insert(id);
             return None;
         }
-        let (ptr, id) = self.hand_out(id, size, rounded, borrower).ok()?;
+        let (ptr, id) = self.hand_out(id, req).ok()?;
         let b = &mut self.blocks[id];
         b.lent = true;
         b.stream_uses.insert(0, borrower);
@@ -133,21 +126,13 @@ impl ShardState {
 
     /// Block lending, the borrower's side (`lend_blocks`; never while capturing): another
     /// stream's free block for this request (see `lend_block`).
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn borrow_block(
-        &mut self,
-        size: usize,
-        rounded: usize,
-        stream: StreamHandle,
-        kind: PoolKind,
-        peers: &dyn Peers,
-    ) -> Option<DevicePtr> {
+    pub(super) fn borrow_block(&mut self, req: &Request, peers: &dyn Peers) -> Option<DevicePtr> {
         if !self.shared.config.lend_blocks || self.capturing.is_some() {
             return None;
         }
         let mut lent = None;
         peers.visit(&mut |other| {
-            lent = other.lend_block(kind, size, rounded, stream);
+            lent = other.lend_block(req);
             lent.is_none()
         });
         lent
