@@ -13,10 +13,12 @@ pub mod device;
 pub mod error;
 pub mod pool;
 pub mod profiling;
+#[cfg(feature = "cli")]
 pub mod replay;
 pub mod snapshot;
 pub mod stats;
 pub mod stream;
+#[cfg(feature = "cli")]
 pub mod trace;
 
 pub use allocator::{CachingAllocator, OomInfo};

@@ -12,6 +12,7 @@ mod graph_pools;
 mod lending;
 mod mstx;
 mod props;
+#[cfg(feature = "cli")]
 mod replay;
 mod stress;
 mod tagged;
