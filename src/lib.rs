@@ -11,6 +11,8 @@ pub mod allocator;
 pub mod config;
 pub mod device;
 pub mod error;
+pub mod handle;
+pub(crate) mod loader;
 pub mod pool;
 pub mod profiling;
 #[cfg(feature = "cli")]

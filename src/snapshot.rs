@@ -6,7 +6,7 @@
 
 use serde_json::{json, Value};
 
-use crate::device::{DeviceIndex, DevicePtr, StreamHandle};
+use crate::handle::{DeviceIndex, DevicePtr, StreamHandle};
 use crate::pool::PoolKind;
 
 /// What a block is doing, as snapshots report it.

@@ -20,7 +20,7 @@
 
 use smallvec::SmallVec;
 
-use crate::device::{DevicePtr, StreamHandle};
+use crate::handle::{DevicePtr, StreamHandle};
 use crate::stats::StatType;
 
 /// Index of a block in the arena.

@@ -15,7 +15,7 @@
 use slab::Slab;
 
 use super::block::{Block, BlockId};
-use crate::device::{DevicePtr, StreamHandle};
+use crate::handle::{DevicePtr, StreamHandle};
 
 const SL_LOG2: u32 = 6;
 const SL: usize = 1 << SL_LOG2;

@@ -6,7 +6,7 @@
 //! home slot with no empty slot in between (cyclically); `len` counts the keys; the
 //! table is at most 3/4 full.
 
-use crate::device::DevicePtr;
+use crate::handle::DevicePtr;
 
 use super::BlockId;
 

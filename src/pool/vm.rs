@@ -8,7 +8,7 @@
 //!   mapped pages: each maximal run of mapped pages is one chain of blocks (a
 //!   "segment" in the statistics and snapshots), and no block covers an unmapped page.
 
-use crate::device::{DevicePtr, PhysHandle, StreamHandle};
+use crate::handle::{DevicePtr, PhysHandle, StreamHandle};
 
 use super::{PoolKind, PoolTag};
 

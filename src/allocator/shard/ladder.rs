@@ -51,7 +51,8 @@ impl ShardState {
         let padded = size
             .checked_add(self.shared.padding)
             .ok_or_else(too_large)?;
-        let rounded = round_size(padded, &self.shared.config).ok_or_else(too_large)?;
+        let config = &self.shared.config;
+        let rounded = round_size(padded, |s| config.divisions_for(s)).ok_or_else(too_large)?;
         Ok(Request {
             size,
             rounded,
