@@ -13,13 +13,13 @@ pub mod device;
 pub mod error;
 pub mod handle;
 pub(crate) mod loader;
-pub mod pool;
+pub(crate) mod pool;
 pub mod profiling;
 #[cfg(feature = "cli")]
 pub mod replay;
 pub mod snapshot;
 pub mod stats;
-pub mod stream;
+pub(crate) mod stream;
 #[cfg(feature = "cli")]
 pub mod trace;
 
@@ -27,4 +27,5 @@ pub use allocator::{CachingAllocator, OomInfo};
 pub use config::Config;
 pub use device::{Device, DeviceError, DeviceIndex, DevicePtr, EventHandle, StreamHandle};
 pub use error::Error;
+pub use pool::PoolKind;
 pub use stats::{DeviceStats, Stat, StatType};

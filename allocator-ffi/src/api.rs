@@ -8,7 +8,7 @@ use crate::error::*;
 use crate::hooks::{self, npualloc_runtime_hooks};
 use crate::panic::{code, or_default};
 use crate::record::recorder;
-use crate::runtime::{configure, runtime, set_hooks};
+use crate::runtime::{configure, runtime, set_hooks, set_oom_observer};
 use crate::types::{npualloc_device_stats, npualloc_stream};
 
 fn to_stream(s: npualloc_stream) -> StreamHandle {
@@ -303,32 +303,12 @@ pub extern "C" fn npualloc_device_count() -> c_int {
 pub type npualloc_oom_observer =
     Option<extern "C" fn(device: c_int, requested: usize, capacity: usize, free: usize)>;
 
-static OOM_OBSERVER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
-pub(crate) fn call_oom_observer(info: npualloc_core::OomInfo) {
-    let f = OOM_OBSERVER.load(std::sync::atomic::Ordering::Acquire);
-    if f != 0 {
-        // SAFETY: the only non-zero values stored are `extern "C" fn` pointers of exactly
-        // this type, set by npualloc_set_oom_observer.
-        let f: extern "C" fn(c_int, usize, usize, usize) = unsafe { std::mem::transmute(f) };
-        f(
-            info.device as c_int,
-            info.requested,
-            info.capacity,
-            info.free,
-        );
-    }
-}
-
 /// Sets the function called (outside every allocator lock, on the allocating thread)
 /// after an allocation fails with out of memory; NULL removes it. Any time.
 #[no_mangle]
 pub extern "C" fn npualloc_set_oom_observer(observer: npualloc_oom_observer) -> c_int {
     code("npualloc_set_oom_observer", || {
-        OOM_OBSERVER.store(
-            observer.map_or(0, |f| f as usize),
-            std::sync::atomic::Ordering::Release,
-        );
+        set_oom_observer(observer);
         Ok(())
     })
 }

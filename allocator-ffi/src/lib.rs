@@ -22,6 +22,7 @@ mod panic;
 mod record;
 mod runtime;
 mod sim_api;
+mod tag_registry;
 mod tags;
 mod types;
 

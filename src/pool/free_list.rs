@@ -185,6 +185,7 @@ impl FreeList {
     }
 
     /// Number of free blocks.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.len
     }

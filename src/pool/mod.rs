@@ -7,6 +7,6 @@ pub mod rounding;
 pub mod vm;
 
 pub use block::{Block, BlockId, PoolKind};
-pub use free_list::{FreeList, PoolKey, PoolTag, StreamMap, StreamPools};
+pub use free_list::{PoolTag, StreamMap};
 pub use ptr_table::PtrTable;
 pub use vm::VmSegment;

@@ -50,11 +50,6 @@ impl PtrTable {
         self.len
     }
 
-    /// No entries.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     /// Maps `ptr` (non-zero) to `id`, replacing an earlier mapping.
     #[inline]
     pub fn insert(&mut self, ptr: DevicePtr, id: BlockId) {

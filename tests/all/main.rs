@@ -15,4 +15,3 @@ mod props;
 #[cfg(feature = "cli")]
 mod replay;
 mod stress;
-mod tagged;
