@@ -111,3 +111,54 @@ impl ShardState {
             .sum()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{check, free, id_of, shard};
+    use super::super::NoPeers;
+    use crate::error::Error;
+
+    #[test]
+    fn a_capture_allocates_from_its_private_pool_until_released() {
+        let (_sim, mut st) = shard("");
+        st.begin_allocate_to_pool((7, 9)).unwrap();
+        assert!(st.is_capturing_to((7, 9)));
+        let p = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
+        assert_eq!(st.blocks[id_of(&st, p)].pool, 1);
+        st.end_allocate_to_pool();
+        free(&mut st, p);
+        let held = st.private_pool_bytes();
+        assert_eq!(held, 2 << 20);
+        st.release_cached_blocks().unwrap();
+        assert_eq!(
+            st.private_pool_bytes(),
+            held,
+            "the capture was not released"
+        );
+        assert!(st.release_pool((7, 9)));
+        assert!(!st.release_pool((1, 1)), "an unknown pool");
+        st.release_cached_blocks().unwrap();
+        assert_eq!((st.private_pool_bytes(), st.reserved), (0, 0));
+        check(&st);
+    }
+
+    #[test]
+    fn pool_ids_are_checked() {
+        let (_sim, mut st) = shard("");
+        assert!(matches!(
+            st.begin_allocate_to_pool((0, 0)),
+            Err(Error::InvalidArgument(_))
+        ));
+        st.begin_allocate_to_pool((1, 2)).unwrap();
+        assert!(matches!(
+            st.begin_allocate_to_pool((3, 4)),
+            Err(Error::InvalidState(_))
+        ));
+        st.end_allocate_to_pool();
+        st.release_pool((1, 2));
+        assert!(matches!(
+            st.begin_allocate_to_pool((1, 2)),
+            Err(Error::InvalidState(_))
+        ));
+    }
+}

@@ -178,3 +178,45 @@ impl ShardState {
         first_err.map_or(Ok(()), |e| Err(e.into()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{check, free, id_of, shard};
+    use super::super::NoPeers;
+
+    #[test]
+    fn a_block_used_on_another_stream_waits_for_its_event() {
+        let (sim, mut st) = shard("");
+        let side = sim.create_stream(0).unwrap();
+        let p = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
+        let id = id_of(&st, p);
+        st.record_stream(id, p, side).unwrap();
+        free(&mut st, p);
+        assert_eq!(st.pending_count(), 1);
+        st.process_events();
+        assert_eq!(st.pending_count(), 1, "the side stream has not run");
+        assert_ne!(st.malloc(1000, false, &NoPeers).unwrap().unwrap(), p);
+        check(&st);
+        sim.complete_stream(0, side).unwrap();
+        st.process_events();
+        assert_eq!(st.pending_count(), 0);
+        check(&st);
+    }
+
+    #[test]
+    fn a_block_whose_event_cannot_be_created_is_parked_until_a_synchronisation() {
+        let (sim, mut st) = shard("");
+        let side = sim.create_stream(0).unwrap();
+        let p = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
+        let id = id_of(&st, p);
+        st.record_stream(id, p, side).unwrap();
+        sim.fail_nth_event_create(0, 1);
+        free(&mut st, p);
+        assert_eq!(st.parked, vec![id]);
+        check(&st);
+        st.release_cached_blocks().unwrap();
+        assert!(st.parked.is_empty());
+        assert_eq!(st.reserved, 0);
+        check(&st);
+    }
+}

@@ -290,3 +290,59 @@ pub(super) fn apply_net(arr: &mut stats::StatArray, st: StatType, net: i64) {
         std::cmp::Ordering::Equal => {}
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{check, free, id_of, shard};
+    use super::super::NoPeers;
+
+    #[test]
+    fn split_blocks_merge_back_into_one_whole_segment() {
+        let (_sim, mut st) = shard("hot_cache:False");
+        let a = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
+        let b = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
+        assert_eq!(
+            b,
+            a + 1024,
+            "the second block is split off the same segment"
+        );
+        assert_eq!(st.stats.inactive_split[0].current, 1);
+        free(&mut st, a);
+        check(&st);
+        assert_eq!(st.stats.inactive_split[0].current, 2);
+        free(&mut st, b);
+        check(&st);
+        assert_eq!(st.stats.inactive_split[0].current, 0);
+        assert_eq!(st.blocks.len(), 1, "merged into one block");
+        let (_, _, id) = st
+            .pools
+            .iter()
+            .next()
+            .unwrap()
+            .1
+            .small
+            .iter()
+            .next()
+            .unwrap();
+        assert!(st.is_whole_segment(id));
+    }
+
+    #[test]
+    fn hot_blocks_stay_unmerged_until_flushed() {
+        let (_sim, mut st) = shard("");
+        let a = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
+        let id = id_of(&st, a);
+        free(&mut st, a);
+        assert!(st.blocks[id].hot);
+        assert_eq!(
+            st.blocks.len(),
+            2,
+            "not merged with the rest of its segment"
+        );
+        check(&st);
+        assert!(st.flush_hot());
+        assert!(!st.flush_hot(), "nothing left to flush");
+        assert_eq!(st.blocks.len(), 1);
+        check(&st);
+    }
+}

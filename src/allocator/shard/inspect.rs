@@ -81,3 +81,34 @@ impl ShardState {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{free, shard};
+    use super::super::NoPeers;
+    use crate::snapshot::BlockState;
+
+    #[test]
+    fn segments_list_blocks_in_address_order_with_their_state() {
+        let (_sim, mut st) = shard("hot_cache:False");
+        let a = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
+        let b = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
+        free(&mut st, a);
+        let segs = st.segments();
+        assert_eq!(segs.len(), 1);
+        let states: Vec<_> = segs[0]
+            .blocks
+            .iter()
+            .map(|x| (x.address, x.state))
+            .collect();
+        assert_eq!(
+            states[..2],
+            [(a, BlockState::Inactive), (b, BlockState::ActiveAllocated)]
+        );
+        assert_eq!(segs[0].total_size, 2 << 20);
+        assert_eq!(
+            st.segment_of(st.ptrs.get(&b).copied().unwrap()),
+            (a, 2 << 20)
+        );
+    }
+}

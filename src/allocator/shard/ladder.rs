@@ -333,3 +333,57 @@ impl ShardState {
         Ok(Some(self.blocks.insert(seg)))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{check, free, shard};
+    use super::super::NoPeers;
+    use crate::error::Error;
+    use crate::pool::PoolKind;
+
+    #[test]
+    fn a_request_is_sized_once_for_its_pool() {
+        let (_sim, st) = shard("");
+        let r = st.request(1000).unwrap();
+        assert_eq!((r.size, r.rounded, r.kind), (1000, 1024, PoolKind::Small));
+        assert_eq!(r.stream, st.stream);
+        let r = st.request((3 << 20) + 1).unwrap();
+        assert_eq!((r.rounded, r.kind), ((3 << 20) + 512, PoolKind::Large));
+        assert!(matches!(
+            st.request(usize::MAX),
+            Err(Error::SizeTooLarge { .. })
+        ));
+    }
+
+    #[test]
+    fn the_own_cache_serves_a_repeat_without_a_device_malloc() {
+        let (sim, mut st) = shard("");
+        let p = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
+        free(&mut st, p);
+        let q = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
+        assert_eq!(p, q);
+        assert_eq!(sim.counters(0).mallocs, 1);
+        check(&st);
+    }
+
+    #[test]
+    fn only_the_last_rung_reports_out_of_memory() {
+        let (_sim, mut st) = shard("");
+        // 2 GiB on a 1 GiB device: rung 5 fails, so the shard asks for rung 6.
+        assert_eq!(st.malloc(2 << 30, false, &NoPeers).unwrap(), None);
+        assert_eq!(st.stats.num_ooms, 0);
+        let e = st.malloc(2 << 30, true, &NoPeers).unwrap_err();
+        assert!(matches!(e, Error::OutOfMemory { .. }));
+        assert_eq!((st.stats.num_ooms, st.stats.num_alloc_retries), (1, 1));
+        check(&st);
+    }
+
+    #[test]
+    fn a_capture_is_out_of_memory_at_once() {
+        let (_sim, mut st) = shard("");
+        st.begin_allocate_to_pool((1, 1)).unwrap();
+        let e = st.malloc(2 << 30, false, &NoPeers).unwrap_err();
+        assert!(matches!(e, Error::OutOfMemory { .. }));
+        assert_eq!(st.stats.num_alloc_retries, 0);
+    }
+}

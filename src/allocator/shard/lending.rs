@@ -138,3 +138,79 @@ impl ShardState {
         lent
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+
+    use super::super::testing::{check, device, id_of, Others};
+    use super::super::ShardState;
+    use crate::device::StreamHandle;
+
+    #[test]
+    fn a_free_block_is_lent_and_comes_back_dirty() {
+        let (sim, shared) = device(1 << 30, "lend_segments:False");
+        let side = sim.create_stream(0).unwrap();
+        let lender = RefCell::new(ShardState::new(StreamHandle::DEFAULT, shared.clone()));
+        let mut borrower = ShardState::new(side, shared);
+        let p = {
+            let mut l = lender.borrow_mut();
+            let p = l.malloc(4 << 20, false, &Others(vec![])).unwrap().unwrap();
+            let id = l.ptrs.remove(&p).unwrap();
+            l.free(id);
+            p
+        };
+        let q = borrower
+            .malloc(4 << 20, false, &Others(vec![&lender]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(q, p, "served from the lender's free block");
+        assert_eq!(
+            sim.counters(0).mallocs,
+            1,
+            "no device malloc for the borrower"
+        );
+        assert!(borrower.ptrs.get(&q).is_none());
+        let mut l = lender.borrow_mut();
+        let id = id_of(&l, q);
+        assert_eq!(l.blocks[id].borrower(), Some(side));
+        check(&l);
+        l.ptrs.remove(&q);
+        l.free(id);
+        assert!(
+            l.blocks[id].dirty,
+            "free, but the borrower may still use it"
+        );
+        check(&l);
+        // The borrower's queue starts with its wait for the lender's stream.
+        sim.complete_stream(0, side).unwrap();
+        l.poll_fences();
+        assert!(l.is_dirty(id), "the borrower is held behind the lender");
+        sim.complete_stream(0, StreamHandle::DEFAULT).unwrap();
+        sim.complete_stream(0, side).unwrap();
+        l.poll_fences();
+        assert!(!l.is_dirty(id), "the borrower's fence completed");
+    }
+
+    #[test]
+    fn a_wholly_free_segment_moves_to_the_borrower() {
+        let (sim, shared) = device(1 << 30, "");
+        let side = sim.create_stream(0).unwrap();
+        let lender = RefCell::new(ShardState::new(StreamHandle::DEFAULT, shared.clone()));
+        let mut borrower = ShardState::new(side, shared);
+        {
+            let mut l = lender.borrow_mut();
+            let p = l.malloc(4 << 20, false, &Others(vec![])).unwrap().unwrap();
+            let id = l.ptrs.remove(&p).unwrap();
+            l.free(id);
+        }
+        borrower
+            .malloc(4 << 20, false, &Others(vec![&lender]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(sim.counters(0).mallocs, 1);
+        assert_eq!((lender.borrow().reserved, borrower.reserved), (0, 20 << 20));
+        check(&lender.borrow());
+        check(&borrower);
+    }
+}

@@ -158,3 +158,70 @@ impl ShardState {
         self.shared.allowed_max().is_some() && self.shared.config.garbage_collection_threshold > 0.0
     }
 }
+
+/// Shards on a simulated device for the unit tests of each concern.
+#[cfg(test)]
+pub(super) mod testing {
+    use std::cell::RefCell;
+    use std::sync::Arc;
+
+    use super::{Peers, ShardState, Shared};
+    use crate::config::Config;
+    use crate::device::sim::{SimConfig, SimDevice};
+    use crate::device::{DevicePtr, StreamHandle};
+    use crate::pool::BlockId;
+
+    /// A manual-mode simulated device of `capacity` bytes and the shared part of its
+    /// allocator with settings `conf`.
+    pub fn device(capacity: usize, conf: &str) -> (Arc<SimDevice>, Arc<Shared>) {
+        let sim = SimDevice::new(SimConfig {
+            capacity,
+            ..SimConfig::default()
+        });
+        let shared = Shared::new(sim.clone(), 0, Config::parse(conf).unwrap(), 0);
+        (sim, Arc::new(shared))
+    }
+
+    /// The shard of the default stream on a 1 GiB device.
+    pub fn shard(conf: &str) -> (Arc<SimDevice>, ShardState) {
+        let (sim, shared) = device(1 << 30, conf);
+        (sim, ShardState::new(StreamHandle::DEFAULT, shared))
+    }
+
+    /// The block of live allocation `ptr`.
+    pub fn id_of(st: &ShardState, ptr: DevicePtr) -> BlockId {
+        *st.ptrs.get(&ptr).expect("a live allocation of this shard")
+    }
+
+    /// Frees allocation `ptr`.
+    pub fn free(st: &mut ShardState, ptr: DevicePtr) {
+        let id = st
+            .ptrs
+            .remove(&ptr)
+            .expect("a live allocation of this shard");
+        st.free(id);
+    }
+
+    /// Panics with the broken invariant, if any.
+    #[track_caller]
+    pub fn check(st: &ShardState) {
+        if let Err(e) = crate::allocator::invariants::check(st) {
+            panic!("invariant broken: {e}");
+        }
+    }
+
+    /// Other shards, visited in order when their cell is not borrowed.
+    pub struct Others<'a>(pub Vec<&'a RefCell<ShardState>>);
+
+    impl Peers for Others<'_> {
+        fn visit(&self, f: &mut dyn FnMut(&mut ShardState) -> bool) {
+            for s in &self.0 {
+                if let Ok(mut st) = s.try_borrow_mut() {
+                    if !f(&mut st) {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}

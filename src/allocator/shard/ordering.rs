@@ -114,3 +114,37 @@ impl ShardState {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::shard;
+    use crate::stream::UNFENCED;
+
+    #[test]
+    fn a_fence_clears_once_its_stream_ran() {
+        let (sim, mut st) = shard("");
+        let side = sim.create_stream(0).unwrap();
+        let epoch = st.fence(side);
+        assert_ne!(epoch, UNFENCED);
+        st.poll_fences();
+        assert!(!st.fences.is_clear(side, epoch));
+        sim.complete_stream(0, side).unwrap();
+        st.poll_fences();
+        assert!(st.fences.is_clear(side, epoch));
+    }
+
+    #[test]
+    fn ordering_waits_on_the_device_not_the_host() {
+        let (sim, mut st) = shard("");
+        let side = sim.create_stream(0).unwrap();
+        st.order_after(side, st.stream).unwrap();
+        let c = sim.counters(0);
+        assert_eq!(c.synchronizations, 0);
+        assert_eq!(c.event_records, 1);
+        assert_eq!(
+            sim.pending(0, side).unwrap(),
+            1,
+            "a wait queued on the side stream"
+        );
+    }
+}

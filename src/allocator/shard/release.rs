@@ -275,3 +275,33 @@ impl ShardState {
         released.and(destroyed)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{check, free, shard};
+    use super::super::NoPeers;
+
+    #[test]
+    fn a_cache_release_frees_every_free_segment() {
+        let (sim, mut st) = shard("");
+        let small = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
+        let large = st.malloc(4 << 20, false, &NoPeers).unwrap().unwrap();
+        free(&mut st, small);
+        free(&mut st, large);
+        assert_eq!(st.reserved, (2 << 20) + (20 << 20));
+        st.release_cached_blocks().unwrap();
+        assert_eq!(st.reserved, 0);
+        assert_eq!(st.stats.num_device_free, 2);
+        assert_eq!(sim.counters(0).live_bytes, 0);
+        check(&st);
+    }
+
+    #[test]
+    fn live_blocks_keep_their_segment() {
+        let (_sim, mut st) = shard("");
+        let _live = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
+        st.release_cached_blocks().unwrap();
+        assert_eq!(st.reserved, 2 << 20);
+        check(&st);
+    }
+}
