@@ -93,9 +93,9 @@ pub(super) fn check(st: &ShardState) -> Result<(), String> {
                     "block {id}: expandable segment differs from its run's"
                 ));
             }
-            if b.pool as usize > st.private.len() || b.pool != hb.pool {
+            if b.pool.is_some_and(|t| t.index() >= st.private.len()) || b.pool != hb.pool {
                 return Err(format!(
-                    "block {id}: pool tag {} is not its segment's or is unknown",
+                    "block {id}: pool tag {:?} is not its segment's or is unknown",
                     b.pool
                 ));
             }
@@ -298,10 +298,11 @@ fn check_lending(st: &ShardState, id: BlockId, b: &Block) -> Result<(), String> 
 
 fn check_vm(st: &ShardState) -> Result<(), String> {
     let mut covered: HashMap<usize, usize> = HashMap::new();
-    for (id, b) in st.blocks.iter().filter(|(_, b)| b.vm != 0) {
+    for (id, b) in st.blocks.iter() {
+        let Some(vm) = b.vm else { continue };
         let seg = st
             .vm
-            .get(b.vm as usize - 1)
+            .get(vm.index())
             .ok_or(format!("block {id} names a missing expandable segment"))?;
         if (b.stream, b.pool, b.kind) != (seg.stream, seg.pool, seg.kind) {
             return Err(format!(
@@ -335,7 +336,7 @@ fn check_vm(st: &ShardState) -> Result<(), String> {
         if b.next.is_none() && (b.ptr + b.size - seg.base) % seg.page != 0 {
             return Err(format!("run tail {id} does not end on a page boundary"));
         }
-        *covered.entry(b.vm as usize - 1).or_default() += b.size;
+        *covered.entry(vm.index()).or_default() += b.size;
     }
     for (i, seg) in st.vm.iter() {
         let mapped = seg.mapped();

@@ -10,7 +10,7 @@
 //! - a block is *free* (`!allocated && event_count == 0`) exactly when it sits in its
 //!   stream's free list or, marked `hot`, in its stream's hot cache; no two free blocks
 //!   outside the hot cache are neighbours;
-//! - blocks of an expandable segment (`vm != 0`) cover mapped pages only;
+//! - blocks of an expandable segment (`vm` is `Some`) cover mapped pages only;
 //! - `stream_uses` never contains the block's own stream, and is empty unless allocated;
 //! - `lent` (handed to a caller on another stream, the borrower) is set only while
 //!   allocated, and the borrower is then `stream_uses[0]`;
@@ -20,6 +20,7 @@
 
 use smallvec::SmallVec;
 
+use super::{PoolTag, VmId};
 use crate::handle::{DevicePtr, StreamHandle};
 use crate::stats::StatType;
 
@@ -85,11 +86,12 @@ pub struct Block {
     pub bin_pos: u32,
     /// Free, but parked in its stream's hot cache instead of the free lists (not merged).
     pub hot: bool,
-    /// The pool of the block's segment: 0 for the stream's own, else a graph-private pool.
-    pub pool: u32,
-    /// The expandable segment holding the block: 0 for an ordinary device allocation,
-    /// else its index in the shard's segment table plus one.
-    pub vm: u32,
+    /// The pool of the block's segment: `None` for the stream's own, else a
+    /// graph-private pool.
+    pub pool: PoolTag,
+    /// The expandable segment holding the block (its index in the shard's segment
+    /// table); `None` for an ordinary device allocation.
+    pub vm: Option<VmId>,
     /// Handed to a caller on another stream (the borrower, `stream_uses[0]`).
     pub lent: bool,
     /// Free, but streams it was lent to may still have work on it queued; whoever
@@ -115,8 +117,8 @@ impl Block {
             freed_at: 0,
             bin_pos: 0,
             hot: false,
-            pool: 0,
-            vm: 0,
+            pool: None,
+            vm: None,
             lent: false,
             dirty: false,
         }

@@ -12,9 +12,12 @@
 //! `bin_pos` is the entry's index in its bin; a bitmap bit is set exactly when its bin
 //! is non-empty.
 
+use std::num::NonZeroU32;
+
 use slab::Slab;
 
 use super::block::{Block, BlockId};
+
 use crate::handle::{DevicePtr, StreamHandle};
 
 const SL_LOG2: u32 = 6;
@@ -232,9 +235,28 @@ impl StreamPools {
     }
 }
 
-/// Which pool a block's segment belongs to: 0 is the stream's own pool, others are
-/// graph-private pools (an index into the shard's private-pool table, plus one).
-pub type PoolTag = u32;
+/// Which pool a block's segment belongs to: `None` is the stream's own pool, `Some` a
+/// graph-private pool.
+pub type PoolTag = Option<PrivateTag>;
+
+/// A graph-private pool of a shard: an index in the shard's table of private pools
+/// (stored so that `Option<PrivateTag>` takes no more room, nor time to compare, than
+/// the index itself).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PrivateTag(NonZeroU32);
+
+impl PrivateTag {
+    /// The tag of entry `index`.
+    pub fn new(index: usize) -> PrivateTag {
+        let n = u32::try_from(index + 1).expect("fewer than 2^32 private pools");
+        PrivateTag(NonZeroU32::new(n).expect("index + 1 is not zero"))
+    }
+
+    /// Its entry in the shard's table.
+    pub fn index(self) -> usize {
+        self.0.get() as usize - 1
+    }
+}
 
 /// Key of a free-list set: the stream and the pool.
 pub type PoolKey = (StreamHandle, PoolTag);

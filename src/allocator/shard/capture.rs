@@ -13,7 +13,7 @@
 
 use super::ShardState;
 use crate::error::Error;
-use crate::pool::PoolTag;
+use crate::pool::{PoolTag, PrivateTag};
 
 /// A graph-private pool (PyTorch's `PrivatePool`).
 #[derive(Clone, Copy, Debug)]
@@ -28,19 +28,20 @@ impl ShardState {
     /// The pool this shard's allocations go to now.
     #[inline]
     pub(super) fn route(&self) -> PoolTag {
-        self.capturing.unwrap_or(0)
+        self.capturing
     }
 
     /// Whether cached segments of pool `tag` may go back to the device.
     pub(super) fn pool_releasable(&self, tag: PoolTag) -> bool {
-        tag == 0 || self.private[tag as usize - 1].use_count == 0
+        tag.is_none_or(|t| self.private[t.index()].use_count == 0)
     }
 
-    pub(super) fn private_tag(&self, id: (u64, u64)) -> Option<PoolTag> {
+    /// The tag of private pool `id`, if this shard has it.
+    pub(super) fn private_tag(&self, id: (u64, u64)) -> Option<PrivateTag> {
         self.private
             .iter()
             .position(|p| p.id == id)
-            .map(|i| i as PoolTag + 1)
+            .map(PrivateTag::new)
     }
 
     /// Starts routing this stream's allocations to private pool `id` (created, or its
@@ -52,12 +53,12 @@ impl ShardState {
         if let Some(t) = self.capturing {
             return Err(Error::InvalidState(format!(
                 "this stream is already allocating to pool {:?}",
-                self.private[t as usize - 1].id
+                self.private[t.index()].id
             )));
         }
         let tag = match self.private_tag(id) {
             Some(t) => {
-                let p = &mut self.private[t as usize - 1];
+                let p = &mut self.private[t.index()];
                 if p.use_count == 0 {
                     return Err(Error::InvalidState(format!("pool {id:?} was released")));
                 }
@@ -66,7 +67,7 @@ impl ShardState {
             }
             None => {
                 self.private.push(PrivatePool { id, use_count: 1 });
-                self.private.len() as PoolTag
+                PrivateTag::new(self.private.len() - 1)
             }
         };
         self.capturing = Some(tag);
@@ -76,7 +77,7 @@ impl ShardState {
     /// Whether this stream is allocating to private pool `id` now.
     pub fn is_capturing_to(&self, id: (u64, u64)) -> bool {
         self.capturing
-            .is_some_and(|t| self.private[t as usize - 1].id == id)
+            .is_some_and(|t| self.private[t.index()].id == id)
     }
 
     /// Stops routing to the private pool and records the events of frees deferred
@@ -94,7 +95,7 @@ impl ShardState {
     pub fn release_pool(&mut self, id: (u64, u64)) -> bool {
         match self.private_tag(id) {
             Some(t) => {
-                let p = &mut self.private[t as usize - 1];
+                let p = &mut self.private[t.index()];
                 p.use_count = p.use_count.saturating_sub(1);
                 true
             }
@@ -106,7 +107,7 @@ impl ShardState {
     pub fn private_pool_bytes(&self) -> usize {
         self.blocks
             .iter()
-            .filter(|(_, b)| b.pool != 0)
+            .filter(|(_, b)| b.pool.is_some())
             .map(|(_, b)| b.size)
             .sum()
     }
@@ -117,6 +118,7 @@ mod tests {
     use super::super::testing::{check, free, id_of, shard};
     use super::super::NoPeers;
     use crate::error::Error;
+    use crate::pool::PrivateTag;
 
     #[test]
     fn a_capture_allocates_from_its_private_pool_until_released() {
@@ -124,7 +126,7 @@ mod tests {
         st.begin_allocate_to_pool((7, 9)).unwrap();
         assert!(st.is_capturing_to((7, 9)));
         let p = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
-        assert_eq!(st.blocks[id_of(&st, p)].pool, 1);
+        assert_eq!(st.blocks[id_of(&st, p)].pool, Some(PrivateTag::new(0)));
         st.end_allocate_to_pool();
         free(&mut st, p);
         let held = st.private_pool_bytes();

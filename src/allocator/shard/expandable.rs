@@ -17,7 +17,7 @@ use super::free_lists::apply_net;
 use super::ShardState;
 use crate::device::{DevicePtr, StreamHandle};
 use crate::error::Error;
-use crate::pool::{Block, BlockId, PoolKind, VmSegment};
+use crate::pool::{Block, BlockId, PoolKind, VmId, VmSegment};
 use crate::stats;
 
 /// Largest reservation (bytes) per segment, whatever the device reports.
@@ -73,7 +73,7 @@ impl ShardState {
 
     /// The runs of mapped pages of segment `seg`, in address order.
     fn vm_runs(&self, seg: usize) -> Vec<Run> {
-        let tag = seg as u32 + 1;
+        let tag = Some(VmId::new(seg));
         let (mut heads, mut tails) = (Vec::new(), Vec::new());
         for (id, b) in self.blocks.iter().filter(|(_, b)| b.vm == tag) {
             if b.prev.is_none() {
@@ -231,7 +231,7 @@ impl ShardState {
         // Link the new pages to the runs they touch.
         let mut block = Block::segment(va, bytes, stream, kind);
         block.pool = pool;
-        block.vm = seg as u32 + 1;
+        block.vm = Some(VmId::new(seg));
         let touched: Vec<BlockId> = [fit.left, fit.right].into_iter().flatten().collect();
         self.count_split(&touched, false);
         let id = self.blocks.insert(block);
@@ -273,7 +273,7 @@ impl ShardState {
     fn vm_unmap_block(&mut self, id: BlockId, want: usize) -> Result<usize, Error> {
         let index = self.index;
         let b = &self.blocks[id];
-        let seg = b.vm as usize - 1;
+        let seg = b.vm.expect("a block of an expandable segment").index();
         let (ptr, size, prev, next, kind) = (b.ptr, b.size, b.prev, b.next, b.kind);
         let template = b.sibling(ptr, size);
         let page = self.vm[seg].page;
@@ -367,11 +367,11 @@ impl ShardState {
             .filter(|&(_, _, id)| {
                 let b = &self.blocks[id];
                 // A dirty block's pages may still be used by its borrower: kept mapped.
-                b.vm != 0 && self.malloc_calls - b.freed_at >= min_idle && !self.is_dirty(id)
+                b.vm.is_some() && self.malloc_calls - b.freed_at >= min_idle && !self.is_dirty(id)
             })
             .map(|(_, _, id)| {
                 let b = &self.blocks[id];
-                let s = &self.vm[b.vm as usize - 1];
+                let s = &self.vm[b.vm.expect("filtered on vm").index()];
                 (s.whole_pages(b.ptr, b.size).1 * s.page, id)
             })
             .filter(|&(bytes, _)| bytes > 0)

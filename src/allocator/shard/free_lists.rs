@@ -67,7 +67,7 @@ impl ShardState {
 
     pub(super) fn should_split(&self, block: &Block, rounded: usize) -> bool {
         let rem = block.size - rounded;
-        if block.vm != 0 {
+        if block.vm.is_some() {
             // Expandable segments strand nothing by splitting (PyTorch's rule).
             return rem >= MIN_BLOCK;
         }
@@ -149,9 +149,11 @@ impl ShardState {
         // Only small-pool blocks: parking large blocks unmerged changes where later
         // large requests land and costs reserve (measured on the shipped traces).
         let b = &self.blocks[id];
-        let small =
-            b.kind == PoolKind::Small && b.pool == 0 && self.shared.config.hot_cache && !b.dirty;
-        let hot = &mut self.pools.get_or_default((stream, 0)).hot;
+        let small = b.kind == PoolKind::Small
+            && b.pool.is_none()
+            && self.shared.config.hot_cache
+            && !b.dirty;
+        let hot = &mut self.pools.get_or_default((stream, None)).hot;
         if small && hot.len() < HOT_CAPACITY {
             hot.push((size, id));
             self.blocks[id].hot = true;
@@ -197,7 +199,7 @@ impl ShardState {
         if self.capturing.is_some() {
             return None;
         }
-        let hot = &mut self.pools.get_mut(&(stream, 0))?.hot;
+        let hot = &mut self.pools.get_mut(&(stream, None))?.hot;
         let pos = hot.iter().rposition(|&(s, _)| s == size)?;
         let (_, id) = hot.swap_remove(pos);
         self.blocks[id].hot = false;

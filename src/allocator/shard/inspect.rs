@@ -67,8 +67,8 @@ impl ShardState {
                     cur = blk.next;
                 }
                 SegmentInfo {
-                    pool_id: (b.pool != 0).then(|| self.private[b.pool as usize - 1].id),
-                    is_expandable: b.vm != 0,
+                    pool_id: b.pool.map(|t| self.private[t.index()].id),
+                    is_expandable: b.vm.is_some(),
                     address: b.ptr,
                     total_size: blocks.iter().map(|x| x.size).sum(),
                     stream: b.stream,

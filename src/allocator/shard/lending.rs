@@ -89,7 +89,7 @@ impl ShardState {
         let (bsize, _, id) = self
             .pools
             .iter()
-            .filter(|((_, tag), _)| *tag == 0)
+            .filter(|((_, tag), _)| tag.is_none())
             .flat_map(|(_, p)| p.get(kind).iter())
             .filter(|&(s, _, id)| s >= size && s <= limit && self.is_whole_segment(id))
             .min_by_key(|&(s, p, _)| (s, p))?;

@@ -98,10 +98,10 @@ pub(super) struct ShardState {
     pub reclaim_min_idle: u64,
     /// Recently reclaimed segments: (size, when).
     pub recent_reclaims: std::collections::VecDeque<(usize, u64)>,
-    /// Graph-private pools of this stream; pool tag `t` is entry `t - 1`.
+    /// Graph-private pools of this stream; `PrivateTag::new(i)` is entry `i`.
     pub private: Vec<PrivatePool>,
     /// The private pool allocations go to while a graph capture is under way.
-    pub capturing: Option<PoolTag>,
+    pub capturing: PoolTag,
     /// Frees with stream uses made during a capture: their events are recorded when it
     /// ends (event calls are not allowed while capturing).
     pub deferred: Vec<BlockId>,

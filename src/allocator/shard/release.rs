@@ -28,7 +28,7 @@ impl ShardState {
     ) -> impl Iterator<Item = (usize, BlockId)> + 'a {
         self.pools
             .iter()
-            .filter(|((_, tag), _)| *tag == 0)
+            .filter(|((_, tag), _)| tag.is_none())
             .flat_map(move |(_, p)| kinds.iter().flat_map(move |&k| p.get(k).iter()))
             .filter(|&(_, _, id)| self.is_whole_segment(id) && !self.is_dirty(id))
             .map(|(s, _, id)| (s, id))
@@ -37,7 +37,7 @@ impl ShardState {
     /// Whether free block `id` is a whole device allocation (unsplit, not expandable).
     pub(super) fn is_whole_segment(&self, id: BlockId) -> bool {
         let b = &self.blocks[id];
-        !b.is_split() && b.vm == 0
+        !b.is_split() && b.vm.is_none()
     }
 
     /// Frees a whole, unsplit, free segment to the device.
