@@ -39,3 +39,20 @@ pub struct EventHandle(pub usize);
 /// Physical memory mapped into a reserved address range (the runtime's handle).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub struct PhysHandle(pub usize);
+
+/// A graph-private memory pool's id (PyTorch's `MempoolId_t`: two integers); `(0, 0)`
+/// is reserved.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct MempoolId(pub u64, pub u64);
+
+impl fmt::Debug for MempoolId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "({}, {})", self.0, self.1)
+    }
+}
+
+impl From<(u64, u64)> for MempoolId {
+    fn from((hi, lo): (u64, u64)) -> Self {
+        MempoolId(hi, lo)
+    }
+}

@@ -27,5 +27,6 @@ pub use allocator::{CachingAllocator, OomInfo};
 pub use config::Config;
 pub use device::{Device, DeviceError, DeviceIndex, DevicePtr, EventHandle, StreamHandle};
 pub use error::Error;
+pub use handle::MempoolId;
 pub use pool::PoolKind;
 pub use stats::{DeviceStats, Stat, StatType};

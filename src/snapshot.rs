@@ -6,7 +6,7 @@
 
 use serde_json::{json, Value};
 
-use crate::handle::{DeviceIndex, DevicePtr, StreamHandle};
+use crate::handle::{DeviceIndex, DevicePtr, MempoolId, StreamHandle};
 use crate::pool::PoolKind;
 
 /// What a block is doing, as snapshots report it.
@@ -52,7 +52,7 @@ pub struct SegmentInfo {
     /// Blocks in address order.
     pub blocks: Vec<BlockInfo>,
     /// The graph-private pool holding the segment (`None`: the stream's own pool).
-    pub pool_id: Option<(u64, u64)>,
+    pub pool_id: Option<MempoolId>,
     /// A run of mapped pages of an expandable segment.
     pub is_expandable: bool,
 }
@@ -117,7 +117,7 @@ pub fn segments_json(device: usize, segs: &[SegmentInfo]) -> Vec<Value> {
                 "requested_size": requested,
                 "stream": seg.stream.0,
                 "segment_type": if seg.kind == PoolKind::Small { "small" } else { "large" },
-                "segment_pool_id": seg.pool_id.map_or([0, 0], |(a, b)| [a, b]),
+                "segment_pool_id": seg.pool_id.map_or([0, 0], |MempoolId(a, b)| [a, b]),
                 "is_expandable": seg.is_expandable,
                 "frames": [],
                 "blocks": blocks,

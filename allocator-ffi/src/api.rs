@@ -2,7 +2,7 @@
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 
-use npualloc_core::{Config, Error, StreamHandle};
+use npualloc_core::{Config, Error, MempoolId, StreamHandle};
 
 use crate::error::*;
 use crate::hooks::{self, npualloc_runtime_hooks};
@@ -327,7 +327,7 @@ pub extern "C" fn npualloc_begin_allocate_to_pool(
     code("npualloc_begin_allocate_to_pool", || {
         Ok(runtime()?
             .allocator(device)?
-            .begin_allocate_to_pool((id_hi, id_lo), to_stream(capture_stream))?)
+            .begin_allocate_to_pool(MempoolId(id_hi, id_lo), to_stream(capture_stream))?)
     })
 }
 
@@ -338,7 +338,7 @@ pub extern "C" fn npualloc_end_allocate_to_pool(device: c_int, id_hi: u64, id_lo
     code("npualloc_end_allocate_to_pool", || {
         Ok(runtime()?
             .allocator(device)?
-            .end_allocate_to_pool((id_hi, id_lo))?)
+            .end_allocate_to_pool(MempoolId(id_hi, id_lo))?)
     })
 }
 
@@ -347,6 +347,8 @@ pub extern "C" fn npualloc_end_allocate_to_pool(device: c_int, id_hi: u64, id_lo
 #[no_mangle]
 pub extern "C" fn npualloc_release_pool(device: c_int, id_hi: u64, id_lo: u64) -> c_int {
     code("npualloc_release_pool", || {
-        Ok(runtime()?.allocator(device)?.release_pool((id_hi, id_lo))?)
+        Ok(runtime()?
+            .allocator(device)?
+            .release_pool(MempoolId(id_hi, id_lo))?)
     })
 }

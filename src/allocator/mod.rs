@@ -30,7 +30,7 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 
 use crate::config::Config;
-use crate::device::{Device, DeviceIndex, DevicePtr, StreamHandle};
+use crate::device::{Device, DeviceIndex, DevicePtr, MempoolId, StreamHandle};
 use crate::error::Error;
 use crate::pool::BlockId;
 use crate::profiling::Mstx;
@@ -271,11 +271,7 @@ impl CachingAllocator {
     /// routed, the stream's allocations never reuse its own pool's memory and vice
     /// versa, event polling on the stream is skipped, and frees of blocks used on other
     /// streams record their events only when routing ends.
-    pub fn begin_allocate_to_pool(
-        &self,
-        id: (u64, u64),
-        stream: StreamHandle,
-    ) -> Result<(), Error> {
+    pub fn begin_allocate_to_pool(&self, id: MempoolId, stream: StreamHandle) -> Result<(), Error> {
         let (_, shard) = self.shard(stream)?;
         let already = shard.state.lock().capturing.is_some();
         if already {
@@ -302,7 +298,7 @@ impl CachingAllocator {
     }
 
     /// Stops routing to private pool `id` (PyTorch's `endAllocateToPool`).
-    pub fn end_allocate_to_pool(&self, id: (u64, u64)) -> Result<(), Error> {
+    pub fn end_allocate_to_pool(&self, id: MempoolId) -> Result<(), Error> {
         for shard in self.shards.all() {
             let mut st = shard.state.lock();
             if st.is_capturing_to(id) {
@@ -319,7 +315,7 @@ impl CachingAllocator {
 
     /// Drops one use of private pool `id` (PyTorch's `releasePool`); once unused, its
     /// cached memory goes back to the device at the next cache release.
-    pub fn release_pool(&self, id: (u64, u64)) -> Result<(), Error> {
+    pub fn release_pool(&self, id: MempoolId) -> Result<(), Error> {
         let mut found = false;
         for shard in self.shards.all() {
             found |= shard.state.lock().release_pool(id);

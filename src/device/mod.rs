@@ -11,7 +11,7 @@ pub mod acl;
 pub mod cuda;
 pub mod sim;
 
-pub use crate::handle::{DeviceIndex, DevicePtr, EventHandle, PhysHandle, StreamHandle};
+pub use crate::handle::{DeviceIndex, DevicePtr, EventHandle, MempoolId, PhysHandle, StreamHandle};
 
 /// Free and total memory of a device, in bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

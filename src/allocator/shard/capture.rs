@@ -12,6 +12,7 @@
 //! - every deferred free holds one `event_count` token until `end_allocate_to_pool`.
 
 use super::ShardState;
+use crate::device::MempoolId;
 use crate::error::Error;
 use crate::pool::{PoolTag, PrivateTag};
 
@@ -19,7 +20,7 @@ use crate::pool::{PoolTag, PrivateTag};
 #[derive(Clone, Copy, Debug)]
 pub struct PrivatePool {
     /// The caller's pool id (`MempoolId_t`).
-    pub id: (u64, u64),
+    pub id: MempoolId,
     /// Captures using it that were not released; 0 = its memory may go back.
     pub use_count: u32,
 }
@@ -37,7 +38,7 @@ impl ShardState {
     }
 
     /// The tag of private pool `id`, if this shard has it.
-    pub(super) fn private_tag(&self, id: (u64, u64)) -> Option<PrivateTag> {
+    pub(super) fn private_tag(&self, id: MempoolId) -> Option<PrivateTag> {
         self.private
             .iter()
             .position(|p| p.id == id)
@@ -46,8 +47,8 @@ impl ShardState {
 
     /// Starts routing this stream's allocations to private pool `id` (created, or its
     /// use count raised).
-    pub fn begin_allocate_to_pool(&mut self, id: (u64, u64)) -> Result<(), Error> {
-        if id == (0, 0) {
+    pub fn begin_allocate_to_pool(&mut self, id: MempoolId) -> Result<(), Error> {
+        if id == MempoolId(0, 0) {
             return Err(Error::InvalidArgument("pool id (0, 0) is reserved".into()));
         }
         if let Some(t) = self.capturing {
@@ -75,7 +76,7 @@ impl ShardState {
     }
 
     /// Whether this stream is allocating to private pool `id` now.
-    pub fn is_capturing_to(&self, id: (u64, u64)) -> bool {
+    pub fn is_capturing_to(&self, id: MempoolId) -> bool {
         self.capturing
             .is_some_and(|t| self.private[t.index()].id == id)
     }
@@ -92,7 +93,7 @@ impl ShardState {
 
     /// Drops one use of private pool `id`; at zero its cached memory may go back to
     /// the device (at the next cache release). Returns whether this shard has the pool.
-    pub fn release_pool(&mut self, id: (u64, u64)) -> bool {
+    pub fn release_pool(&mut self, id: MempoolId) -> bool {
         match self.private_tag(id) {
             Some(t) => {
                 let p = &mut self.private[t.index()];
@@ -117,14 +118,15 @@ impl ShardState {
 mod tests {
     use super::super::testing::{check, free, id_of, shard};
     use super::super::NoPeers;
+    use crate::device::MempoolId;
     use crate::error::Error;
     use crate::pool::PrivateTag;
 
     #[test]
     fn a_capture_allocates_from_its_private_pool_until_released() {
         let (_sim, mut st) = shard("");
-        st.begin_allocate_to_pool((7, 9)).unwrap();
-        assert!(st.is_capturing_to((7, 9)));
+        st.begin_allocate_to_pool(MempoolId(7, 9)).unwrap();
+        assert!(st.is_capturing_to(MempoolId(7, 9)));
         let p = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
         assert_eq!(st.blocks[id_of(&st, p)].pool, Some(PrivateTag::new(0)));
         st.end_allocate_to_pool();
@@ -137,8 +139,8 @@ mod tests {
             held,
             "the capture was not released"
         );
-        assert!(st.release_pool((7, 9)));
-        assert!(!st.release_pool((1, 1)), "an unknown pool");
+        assert!(st.release_pool(MempoolId(7, 9)));
+        assert!(!st.release_pool(MempoolId(1, 1)), "an unknown pool");
         st.release_cached_blocks().unwrap();
         assert_eq!((st.private_pool_bytes(), st.reserved), (0, 0));
         check(&st);
@@ -148,18 +150,18 @@ mod tests {
     fn pool_ids_are_checked() {
         let (_sim, mut st) = shard("");
         assert!(matches!(
-            st.begin_allocate_to_pool((0, 0)),
+            st.begin_allocate_to_pool(MempoolId(0, 0)),
             Err(Error::InvalidArgument(_))
         ));
-        st.begin_allocate_to_pool((1, 2)).unwrap();
+        st.begin_allocate_to_pool(MempoolId(1, 2)).unwrap();
         assert!(matches!(
-            st.begin_allocate_to_pool((3, 4)),
+            st.begin_allocate_to_pool(MempoolId(3, 4)),
             Err(Error::InvalidState(_))
         ));
         st.end_allocate_to_pool();
-        st.release_pool((1, 2));
+        st.release_pool(MempoolId(1, 2));
         assert!(matches!(
-            st.begin_allocate_to_pool((1, 2)),
+            st.begin_allocate_to_pool(MempoolId(1, 2)),
             Err(Error::InvalidState(_))
         ));
     }

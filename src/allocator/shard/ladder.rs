@@ -338,6 +338,7 @@ impl ShardState {
 mod tests {
     use super::super::testing::{check, free, shard};
     use super::super::NoPeers;
+    use crate::device::MempoolId;
     use crate::error::Error;
     use crate::pool::PoolKind;
 
@@ -381,7 +382,7 @@ mod tests {
     #[test]
     fn a_capture_is_out_of_memory_at_once() {
         let (_sim, mut st) = shard("");
-        st.begin_allocate_to_pool((1, 1)).unwrap();
+        st.begin_allocate_to_pool(MempoolId(1, 1)).unwrap();
         let e = st.malloc(2 << 30, false, &NoPeers).unwrap_err();
         assert!(matches!(e, Error::OutOfMemory { .. }));
         assert_eq!(st.stats.num_alloc_retries, 0);
