@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 
 use super::shard::ShardState;
-use crate::pool::{Block, BlockId, PoolKind};
+use crate::pool::{Block, BlockId, Phase, PoolKind};
 use crate::stats::{StatArray, StatType};
 use crate::stream::UNFENCED;
 
@@ -85,7 +85,7 @@ pub(super) fn check(st: &ShardState) -> Result<(), String> {
             if b.stream_uses.contains(&b.stream) {
                 return Err(format!("block {id}: records its own stream as a use"));
             }
-            if !b.allocated && !b.stream_uses.is_empty() && !st.deferred.contains(&id) {
+            if !b.is_allocated() && !b.stream_uses.is_empty() && !st.deferred.contains(&id) {
                 return Err(format!("block {id}: free but still lists stream uses"));
             }
             if b.vm != hb.vm {
@@ -99,12 +99,10 @@ pub(super) fn check(st: &ShardState) -> Result<(), String> {
                     b.pool
                 ));
             }
-            if b.hot && !b.is_free() {
-                return Err(format!("block {id} is hot but not free"));
-            }
+            let hot = b.phase == Phase::Hot;
             if b.is_free() {
-                let merged_away = |x: &crate::pool::Block| x.is_free() && !x.hot;
-                if let Some(p) = prev.filter(|&p| merged_away(&st.blocks[p]) && !b.hot) {
+                let merged_away = |x: &crate::pool::Block| x.phase == Phase::Free;
+                if let Some(p) = prev.filter(|&p| merged_away(&st.blocks[p]) && !hot) {
                     return Err(format!("free neighbours {p} and {id} were not merged"));
                 }
                 let pools = st.pools.get(&(b.stream, b.pool));
@@ -112,12 +110,11 @@ pub(super) fn check(st: &ShardState) -> Result<(), String> {
                     pools.is_some_and(|p| p.get(b.kind).iter().any(|e| e == (b.size, b.ptr, id)));
                 let in_hot =
                     pools.map_or(0, |p| p.hot.iter().filter(|h| **h == (b.size, id)).count());
-                match (b.hot, in_list, in_hot) {
+                match (hot, in_list, in_hot) {
                     (false, true, 0) | (true, false, 1) => {}
                     _ => {
                         return Err(format!(
-                            "free block {id} (hot: {}) is in its free list: {in_list}, in the hot cache {in_hot} times",
-                            b.hot
+                            "free block {id} (hot: {hot}) is in its free list: {in_list}, in the hot cache {in_hot} times"
                         ))
                     }
                 }
@@ -130,7 +127,7 @@ pub(super) fn check(st: &ShardState) -> Result<(), String> {
                 add(&mut rc.active_bytes, b.kind, b.size);
                 add(&mut rc.requested_bytes, b.kind, b.requested);
             }
-            if b.allocated {
+            if b.is_allocated() {
                 add(&mut rc.allocation, b.kind, 1);
                 add(&mut rc.allocated_bytes, b.kind, b.size);
                 if b.requested == 0 || b.requested > b.size {
@@ -182,14 +179,14 @@ pub(super) fn check(st: &ShardState) -> Result<(), String> {
     let free_count = st
         .blocks
         .iter()
-        .filter(|(_, b)| b.is_free() && !b.hot)
+        .filter(|(_, b)| b.phase == Phase::Free)
         .count();
     if listed != free_count {
         return Err(format!(
             "{listed} free-list entries for {free_count} free blocks"
         ));
     }
-    let allocated_count = st.blocks.iter().filter(|(_, b)| b.allocated).count();
+    let allocated_count = st.blocks.iter().filter(|(_, b)| b.is_allocated()).count();
     if ptrs.len() != allocated_count {
         return Err(format!(
             "pointer map has {} entries for {allocated_count} allocated blocks",
@@ -197,7 +194,11 @@ pub(super) fn check(st: &ShardState) -> Result<(), String> {
         ));
     }
     let hot_count: usize = st.pools.values().map(|p| p.hot.len()).sum();
-    let hot_blocks = st.blocks.iter().filter(|(_, b)| b.hot).count();
+    let hot_blocks = st
+        .blocks
+        .iter()
+        .filter(|(_, b)| b.phase == Phase::Hot)
+        .count();
     if hot_count != hot_blocks {
         return Err(format!(
             "{hot_count} hot-cache entries for {hot_blocks} hot blocks"
@@ -216,15 +217,10 @@ pub(super) fn check(st: &ShardState) -> Result<(), String> {
     }
     for (id, b) in st.blocks.iter() {
         let want = tokens.get(&id).copied().unwrap_or(0);
-        if b.event_count != want {
+        if b.waits() != want {
             return Err(format!(
-                "block {id}: event_count {} but {want} outstanding",
-                b.event_count
-            ));
-        }
-        if b.event_count > 0 && b.allocated {
-            return Err(format!(
-                "block {id}: allocated while events are outstanding"
+                "block {id}: awaits {} but {want} outstanding",
+                b.waits()
             ));
         }
         check_lending(st, id, b)?;
@@ -275,13 +271,13 @@ pub(super) fn check(st: &ShardState) -> Result<(), String> {
 /// flags exactly on blocks with marks, never allocated, never marked with their own
 /// stream, with an epoch the shard's fences handed out.
 fn check_lending(st: &ShardState, id: BlockId, b: &Block) -> Result<(), String> {
-    if b.lent && (!b.allocated || b.stream_uses.first().is_none_or(|&s| s == b.stream)) {
+    if b.phase == Phase::Lent && b.stream_uses.first().is_none_or(|&s| s == b.stream) {
         return Err(format!(
             "block {id}: lent but not to another stream's caller"
         ));
     }
     let marks = st.dirty.get(id);
-    if b.dirty == marks.is_empty() || (b.dirty && b.allocated) {
+    if b.dirty == marks.is_empty() || (b.dirty && b.is_allocated()) {
         return Err(format!(
             "block {id}: dirty flag {} with {} marks",
             b.dirty,

@@ -9,7 +9,7 @@
 //! - pool tag 0 is the stream's own pool; tag `t > 0` is `private[t - 1]`;
 //! - a private pool's cached segments go back to the device only when its `use_count`
 //!   is 0 (every capture using it was released);
-//! - every deferred free holds one `event_count` token until `end_allocate_to_pool`.
+//! - every deferred free holds one wait (`Phase::Awaiting`) until `end_allocate_to_pool`.
 
 use super::ShardState;
 use crate::device::MempoolId;
@@ -86,7 +86,8 @@ impl ShardState {
     pub fn end_allocate_to_pool(&mut self) {
         self.capturing = None;
         for id in std::mem::take(&mut self.deferred) {
-            self.blocks[id].event_count -= 1;
+            // The deferred free's wait ends; its events are recorded now.
+            self.blocks[id].end_wait();
             self.insert_events(id);
         }
     }

@@ -5,21 +5,22 @@
 //! of them at free time completed; when an event cannot be recorded, the block waits
 //! for the next full synchronisation instead (parked).
 //!
-//! Invariant: a pending block's `event_count` equals its queued events plus its parked
-//! or deferred tokens; it returns to the free lists when the count reaches 0.
+//! Invariant: an awaiting block's wait count (`Phase::Awaiting`) equals its queued
+//! events plus its parked or deferred frees; it returns to the free lists when the count
+//! reaches 0.
 
 use super::ShardState;
 use crate::device::{DeviceError, DevicePtr, StreamHandle};
 use crate::error::Error;
-use crate::pool::BlockId;
+use crate::pool::{BlockId, Phase};
 use crate::stats::{self};
 
 impl ShardState {
     pub fn free(&mut self, id: BlockId) {
         let b = &mut self.blocks[id];
-        debug_assert!(b.allocated);
-        b.allocated = false;
-        let (st, size, lent) = (b.kind.stat_type(), b.size, b.lent);
+        debug_assert!(b.is_allocated());
+        let (st, size, lent) = (b.kind.stat_type(), b.size, b.phase == Phase::Lent);
+        b.phase = Phase::Free;
         stats::decrease(&mut self.stats.allocation, st, 1);
         stats::decrease(&mut self.stats.allocated_bytes, st, size);
         if size >= self.shared.config.max_split_size {
@@ -32,7 +33,7 @@ impl ShardState {
             self.free_block(id);
         } else if self.capturing.is_some() {
             // No event calls during a capture: record them when it ends.
-            self.blocks[id].event_count += 1;
+            self.blocks[id].add_wait();
             self.deferred.push(id);
         } else {
             self.insert_events(id);
@@ -56,7 +57,7 @@ impl ShardState {
             });
             match recorded {
                 Ok(ev) => {
-                    self.blocks[id].event_count += 1;
+                    self.blocks[id].add_wait();
                     self.pending.push(s, ev, id);
                 }
                 Err(_) => failed = true,
@@ -65,7 +66,7 @@ impl ShardState {
         if failed {
             // Without an event we cannot tell when that stream is done with the block:
             // park it until the next full synchronisation (empty_cache or OOM retry).
-            self.blocks[id].event_count += 1;
+            self.blocks[id].add_wait();
             self.parked.push(id);
         }
     }
@@ -79,7 +80,7 @@ impl ShardState {
         let live = self
             .blocks
             .get(id)
-            .is_some_and(|b| b.allocated && b.ptr == ptr);
+            .is_some_and(|b| b.is_allocated() && b.ptr == ptr);
         if !live {
             return Err(Error::UnknownPointer { ptr });
         }
@@ -101,7 +102,7 @@ impl ShardState {
         stream: StreamHandle,
     ) -> Result<(), Error> {
         match self.blocks.get_mut(id) {
-            Some(b) if b.allocated && b.ptr == ptr => {
+            Some(b) if b.is_allocated() && b.ptr == ptr => {
                 // A borrower is the allocation's stream to the caller: never erased.
                 if b.borrower() != Some(stream) {
                     b.stream_uses.retain(|s| *s != stream);
@@ -127,9 +128,7 @@ impl ShardState {
     }
 
     pub(super) fn event_done(&mut self, id: BlockId) {
-        let b = &mut self.blocks[id];
-        b.event_count -= 1;
-        if b.event_count == 0 {
+        if self.blocks[id].end_wait() {
             self.free_block(id);
         }
     }

@@ -14,7 +14,7 @@ use super::ShardState;
 use crate::device::StreamHandle;
 use crate::pool::free_list::HOT_CAPACITY;
 use crate::pool::rounding::{MIN_BLOCK, SMALL_SIZE};
-use crate::pool::{Block, BlockId, PoolKind};
+use crate::pool::{Block, BlockId, Phase, PoolKind};
 use crate::stats::{self, StatType};
 
 impl ShardState {
@@ -116,7 +116,7 @@ impl ShardState {
             stats::decrease(&mut self.stats.inactive_split, st, 1);
         }
         let b = &mut self.blocks[out];
-        b.allocated = true;
+        b.phase = Phase::Allocated;
         b.requested = size;
         let bsize = b.size;
         stats::increase(&mut self.stats.allocation, st, 1);
@@ -156,7 +156,7 @@ impl ShardState {
         let hot = &mut self.pools.get_or_default((stream, None)).hot;
         if small && hot.len() < HOT_CAPACITY {
             hot.push((size, id));
-            self.blocks[id].hot = true;
+            self.blocks[id].phase = Phase::Hot;
             if split {
                 stats::increase(&mut self.stats.inactive_split, st, 1);
                 stats::increase(&mut self.stats.inactive_split_bytes, st, size);
@@ -202,7 +202,7 @@ impl ShardState {
         let hot = &mut self.pools.get_mut(&(stream, None))?.hot;
         let pos = hot.iter().rposition(|&(s, _)| s == size)?;
         let (_, id) = hot.swap_remove(pos);
-        self.blocks[id].hot = false;
+        self.blocks[id].phase = Phase::Free;
         Some(id)
     }
 
@@ -214,7 +214,7 @@ impl ShardState {
             .flat_map(|p| p.hot.drain(..).map(|(_, id)| id))
             .collect();
         for &id in &hot {
-            self.blocks[id].hot = false;
+            self.blocks[id].phase = Phase::Free;
             self.coalesce(id, true);
         }
         !hot.is_empty()
@@ -224,7 +224,7 @@ impl ShardState {
     /// the hot cache, else 0.
     pub(super) fn mergeable(&self, id: BlockId) -> usize {
         let b = &self.blocks[id];
-        if b.is_free() && !b.hot {
+        if b.phase == Phase::Free {
             b.size
         } else {
             0
@@ -335,7 +335,7 @@ mod tests {
         let a = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
         let id = id_of(&st, a);
         free(&mut st, a);
-        assert!(st.blocks[id].hot);
+        assert_eq!(st.blocks[id].phase, crate::pool::Phase::Hot);
         assert_eq!(
             st.blocks.len(),
             2,

@@ -43,9 +43,9 @@ impl ShardState {
                 let mut cur = Some(head);
                 while let Some(c) = cur {
                     let blk = &self.blocks[c];
-                    let state = if blk.allocated {
+                    let state = if blk.is_allocated() {
                         BlockState::ActiveAllocated
-                    } else if blk.event_count > 0 {
+                    } else if blk.waits() > 0 {
                         BlockState::ActivePendingFree
                     } else {
                         BlockState::Inactive

@@ -13,7 +13,7 @@ use super::Peers;
 use super::ShardState;
 use crate::device::{DevicePtr, StreamHandle};
 use crate::error::Error;
-use crate::pool::{Block, BlockId, PoolKind};
+use crate::pool::{Block, BlockId, Phase, PoolKind};
 
 /// A lent segment is at most this many times the segment a new allocation would get.
 const LEND_SIZE_FACTOR: usize = 2;
@@ -28,12 +28,11 @@ impl ShardState {
     pub(super) fn return_lent(&mut self, id: BlockId) -> bool {
         self.poll_fences(); // recycles the events of completed fences
         let b = &mut self.blocks[id];
-        b.lent = false;
         let borrower = b.stream_uses.remove(0);
         if self.shared.is_capturing(borrower) {
             let b = &mut self.blocks[id];
             b.stream_uses.clear();
-            b.event_count += 1;
+            b.add_wait();
             self.parked.push(id);
             return true;
         }
@@ -119,7 +118,7 @@ impl ShardState {
         }
         let (ptr, id) = self.hand_out(id, req).ok()?;
         let b = &mut self.blocks[id];
-        b.lent = true;
+        b.phase = Phase::Lent;
         b.stream_uses.insert(0, borrower);
         Some(ptr)
     }

@@ -17,7 +17,7 @@
 //! - every block belongs to exactly one segment, whose blocks tile it;
 //! - free blocks are exactly the free-list entries, and never neighbours;
 //! - allocated blocks are exactly the pointer-map entries;
-//! - a pending block's `event_count` equals its queued events plus parked frees;
+//! - a block's phase is one of allocated, lent, awaiting (with as many waits as its queued events plus parked and deferred frees), free (in its free list) or hot (in the hot cache);
 //! - a lent block is allocated here for another stream's caller (`stream_uses[0]`); a
 //!   dirty block is free and has marks in `dirty`, and only such blocks have marks;
 //! - `reserved` and every current statistic equal a recount of the blocks.
@@ -80,7 +80,7 @@ pub(super) struct ShardState {
     pub pools: StreamMap,
     pub known_streams: FxHashSet<StreamHandle>,
     pub pending: PendingFrees,
-    /// Blocks whose events could not be recorded: each holds one `event_count` token
+    /// Blocks whose events could not be recorded: each holds one wait
     /// until the next full synchronisation.
     pub parked: Vec<BlockId>,
     pub events: EventPool,
