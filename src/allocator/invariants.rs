@@ -85,7 +85,8 @@ pub(super) fn check(st: &ShardState) -> Result<(), String> {
             if b.stream_uses.contains(&b.stream) {
                 return Err(format!("block {id}: records its own stream as a use"));
             }
-            if !b.is_allocated() && !b.stream_uses.is_empty() && !st.deferred.contains(&id) {
+            if !b.is_allocated() && !b.stream_uses.is_empty() && !st.capture.deferred.contains(&id)
+            {
                 return Err(format!("block {id}: free but still lists stream uses"));
             }
             if b.vm != hb.vm {
@@ -93,7 +94,10 @@ pub(super) fn check(st: &ShardState) -> Result<(), String> {
                     "block {id}: expandable segment differs from its run's"
                 ));
             }
-            if b.pool.is_some_and(|t| t.index() >= st.private.len()) || b.pool != hb.pool {
+            if b.pool
+                .is_some_and(|t| t.index() >= st.capture.private.len())
+                || b.pool != hb.pool
+            {
                 return Err(format!(
                     "block {id}: pool tag {:?} is not its segment's or is unknown",
                     b.pool
@@ -208,11 +212,11 @@ pub(super) fn check(st: &ShardState) -> Result<(), String> {
     // Event counts equal queued events plus parked frees.
     let mut tokens: HashMap<BlockId, u32> = HashMap::new();
     let mut queued_events = Vec::new();
-    for (_, ev, id) in st.pending.iter() {
+    for (_, ev, id) in st.waits.pending.iter() {
         *tokens.entry(id).or_default() += 1;
         queued_events.push(ev);
     }
-    for &id in st.parked.iter().chain(&st.deferred) {
+    for &id in st.waits.parked.iter().chain(&st.capture.deferred) {
         *tokens.entry(id).or_default() += 1;
     }
     for (id, b) in st.blocks.iter() {
@@ -226,6 +230,7 @@ pub(super) fn check(st: &ShardState) -> Result<(), String> {
         check_lending(st, id, b)?;
     }
     if let Some(ev) = st
+        .waits
         .events
         .idle_events()
         .iter()
@@ -235,6 +240,7 @@ pub(super) fn check(st: &ShardState) -> Result<(), String> {
     }
 
     if let Some((id, _)) = st
+        .lending
         .dirty
         .iter()
         .find(|&(id, _)| !st.blocks.get(id).is_some_and(|b| b.dirty))
@@ -244,13 +250,13 @@ pub(super) fn check(st: &ShardState) -> Result<(), String> {
         ));
     }
     check_vm(st)?;
-    if reserved != st.reserved {
+    if reserved != st.acct.reserved {
         return Err(format!(
             "reserved {} but segments sum to {reserved}",
-            st.reserved
+            st.acct.reserved
         ));
     }
-    let s = &st.stats;
+    let s = &st.acct.stats;
     compare("allocation", &s.allocation, &rc.allocation)?;
     compare("allocated_bytes", &s.allocated_bytes, &rc.allocated_bytes)?;
     compare("active", &s.active, &rc.active)?;
@@ -276,7 +282,7 @@ fn check_lending(st: &ShardState, id: BlockId, b: &Block) -> Result<(), String> 
             "block {id}: lent but not to another stream's caller"
         ));
     }
-    let marks = st.dirty.get(id);
+    let marks = st.lending.dirty.get(id);
     if b.dirty == marks.is_empty() || (b.dirty && b.is_allocated()) {
         return Err(format!(
             "block {id}: dirty flag {} with {} marks",
@@ -285,7 +291,7 @@ fn check_lending(st: &ShardState, id: BlockId, b: &Block) -> Result<(), String> 
         ));
     }
     for &(s, epoch) in marks {
-        if s == b.stream || (epoch != UNFENCED && epoch > st.fences.epoch()) {
+        if s == b.stream || (epoch != UNFENCED && epoch > st.lending.fences.epoch()) {
             return Err(format!("block {id}: bad dirty mark ({s:?}, {epoch})"));
         }
     }

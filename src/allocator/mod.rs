@@ -273,7 +273,7 @@ impl CachingAllocator {
     /// streams record their events only when routing ends.
     pub fn begin_allocate_to_pool(&self, id: MempoolId, stream: StreamHandle) -> Result<(), Error> {
         let (_, shard) = self.shard(stream)?;
-        let already = shard.state.lock().capturing.is_some();
+        let already = shard.state.lock().capture.capturing.is_some();
         if already {
             // Refused (one pool at a time); the stream's capture flag stays as it is.
             return shard.state.lock().begin_allocate_to_pool(id);
@@ -526,7 +526,7 @@ impl CachingAllocator {
     /// Sets every peak statistic to its current value.
     pub fn reset_peak_stats(&self) {
         for s in self.shards.all() {
-            s.state.lock().stats.reset_peak();
+            s.state.lock().acct.stats.reset_peak();
         }
         self.shared
             .reserved_peak
@@ -536,7 +536,7 @@ impl CachingAllocator {
     /// Zeroes the accumulated (`allocated`/`freed`) statistics and counters.
     pub fn reset_accumulated_stats(&self) {
         for s in self.shards.all() {
-            s.state.lock().stats.reset_accumulated();
+            s.state.lock().acct.stats.reset_accumulated();
         }
     }
 
@@ -563,7 +563,7 @@ impl CachingAllocator {
             .shards
             .all()
             .iter()
-            .map(|s| s.state.lock().stats.allocated_bytes[0].current.max(0) as usize)
+            .map(|s| s.state.lock().acct.stats.allocated_bytes[0].current.max(0) as usize)
             .sum();
         Usage {
             allocated,
@@ -583,7 +583,7 @@ impl CachingAllocator {
     pub fn event_counts(&self) -> (u64, usize) {
         self.shards.all().iter().fold((0, 0), |(c, i), s| {
             let st = s.state.lock();
-            (c + st.events.created(), i + st.events.idle())
+            (c + st.waits.events.created(), i + st.waits.events.idle())
         })
     }
 
@@ -597,7 +597,7 @@ impl CachingAllocator {
             if let Some(p) = st.ptrs.keys().find(|&&p| !seen.insert(p)) {
                 return Err(format!("pointer {p:#x} is live in two shards"));
             }
-            reserved += st.reserved;
+            reserved += st.acct.reserved;
             if s.pending.load(Ordering::Relaxed) != st.pending_count() {
                 return Err(format!("shard {:?}: pending counter is stale", s.stream));
             }

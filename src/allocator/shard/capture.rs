@@ -29,17 +29,18 @@ impl ShardState {
     /// The pool this shard's allocations go to now.
     #[inline]
     pub(super) fn route(&self) -> PoolTag {
-        self.capturing
+        self.capture.capturing
     }
 
     /// Whether cached segments of pool `tag` may go back to the device.
     pub(super) fn pool_releasable(&self, tag: PoolTag) -> bool {
-        tag.is_none_or(|t| self.private[t.index()].use_count == 0)
+        tag.is_none_or(|t| self.capture.private[t.index()].use_count == 0)
     }
 
     /// The tag of private pool `id`, if this shard has it.
     pub(super) fn private_tag(&self, id: MempoolId) -> Option<PrivateTag> {
-        self.private
+        self.capture
+            .private
             .iter()
             .position(|p| p.id == id)
             .map(PrivateTag::new)
@@ -51,15 +52,15 @@ impl ShardState {
         if id == MempoolId(0, 0) {
             return Err(Error::InvalidArgument("pool id (0, 0) is reserved".into()));
         }
-        if let Some(t) = self.capturing {
+        if let Some(t) = self.capture.capturing {
             return Err(Error::InvalidState(format!(
                 "this stream is already allocating to pool {:?}",
-                self.private[t.index()].id
+                self.capture.private[t.index()].id
             )));
         }
         let tag = match self.private_tag(id) {
             Some(t) => {
-                let p = &mut self.private[t.index()];
+                let p = &mut self.capture.private[t.index()];
                 if p.use_count == 0 {
                     return Err(Error::InvalidState(format!("pool {id:?} was released")));
                 }
@@ -67,25 +68,26 @@ impl ShardState {
                 t
             }
             None => {
-                self.private.push(PrivatePool { id, use_count: 1 });
-                PrivateTag::new(self.private.len() - 1)
+                self.capture.private.push(PrivatePool { id, use_count: 1 });
+                PrivateTag::new(self.capture.private.len() - 1)
             }
         };
-        self.capturing = Some(tag);
+        self.capture.capturing = Some(tag);
         Ok(())
     }
 
     /// Whether this stream is allocating to private pool `id` now.
     pub fn is_capturing_to(&self, id: MempoolId) -> bool {
-        self.capturing
-            .is_some_and(|t| self.private[t.index()].id == id)
+        self.capture
+            .capturing
+            .is_some_and(|t| self.capture.private[t.index()].id == id)
     }
 
     /// Stops routing to the private pool and records the events of frees deferred
     /// during the capture.
     pub fn end_allocate_to_pool(&mut self) {
-        self.capturing = None;
-        for id in std::mem::take(&mut self.deferred) {
+        self.capture.capturing = None;
+        for id in std::mem::take(&mut self.capture.deferred) {
             // The deferred free's wait ends; its events are recorded now.
             self.blocks[id].end_wait();
             self.insert_events(id);
@@ -97,7 +99,7 @@ impl ShardState {
     pub fn release_pool(&mut self, id: MempoolId) -> bool {
         match self.private_tag(id) {
             Some(t) => {
-                let p = &mut self.private[t.index()];
+                let p = &mut self.capture.private[t.index()];
                 p.use_count = p.use_count.saturating_sub(1);
                 true
             }
@@ -143,7 +145,7 @@ mod tests {
         assert!(st.release_pool(MempoolId(7, 9)));
         assert!(!st.release_pool(MempoolId(1, 1)), "an unknown pool");
         st.release_cached_blocks().unwrap();
-        assert_eq!((st.private_pool_bytes(), st.reserved), (0, 0));
+        assert_eq!((st.private_pool_bytes(), st.acct.reserved), (0, 0));
         check(&st);
     }
 

@@ -21,20 +21,20 @@ impl ShardState {
         debug_assert!(b.is_allocated());
         let (st, size, lent) = (b.kind.stat_type(), b.size, b.phase == Phase::Lent);
         b.phase = Phase::Free;
-        stats::decrease(&mut self.stats.allocation, st, 1);
-        stats::decrease(&mut self.stats.allocated_bytes, st, size);
+        stats::decrease(&mut self.acct.stats.allocation, st, 1);
+        stats::decrease(&mut self.acct.stats.allocated_bytes, st, size);
         if size >= self.shared.config.max_split_size {
-            self.stats.oversize_allocations.decrease(1);
+            self.acct.stats.oversize_allocations.decrease(1);
         }
         if lent && self.return_lent(id) {
             return;
         }
         if self.blocks[id].stream_uses.is_empty() {
             self.free_block(id);
-        } else if self.capturing.is_some() {
+        } else if self.capture.capturing.is_some() {
             // No event calls during a capture: record them when it ends.
             self.blocks[id].add_wait();
-            self.deferred.push(id);
+            self.capture.deferred.push(id);
         } else {
             self.insert_events(id);
         }
@@ -46,19 +46,19 @@ impl ShardState {
         let uses = std::mem::take(&mut self.blocks[id].stream_uses);
         let mut failed = false;
         for s in uses {
-            let recorded = self.events.get(&*self.dev, index).and_then(|ev| {
+            let recorded = self.waits.events.get(&*self.dev, index).and_then(|ev| {
                 self.dev
                     .event_record(index, ev, s)
                     .map(|_| ev)
                     .inspect_err(|_| {
                         // Never queued: the event is idle and can go straight back.
-                        self.events.put(ev);
+                        self.waits.events.put(ev);
                     })
             });
             match recorded {
                 Ok(ev) => {
                     self.blocks[id].add_wait();
-                    self.pending.push(s, ev, id);
+                    self.waits.pending.push(s, ev, id);
                 }
                 Err(_) => failed = true,
             }
@@ -67,7 +67,7 @@ impl ShardState {
             // Without an event we cannot tell when that stream is done with the block:
             // park it until the next full synchronisation (empty_cache or OOM retry).
             self.blocks[id].add_wait();
-            self.parked.push(id);
+            self.waits.parked.push(id);
         }
     }
 
@@ -117,8 +117,8 @@ impl ShardState {
     pub fn process_events(&mut self) {
         let index = self.index;
         let mut ready = Vec::new();
-        let events = &mut self.events;
-        self.pending.poll(&*self.dev, index, |_, ev, id| {
+        let events = &mut self.waits.events;
+        self.waits.pending.poll(&*self.dev, index, |_, ev, id| {
             events.put(ev);
             ready.push(id);
         });
@@ -136,40 +136,41 @@ impl ShardState {
     /// Waits for every pending event and parked free; PyTorch's `synchronize_and_free_events`.
     pub(super) fn synchronize_and_free_events(&mut self) -> Result<(), Error> {
         let index = self.index;
-        self.stats.num_sync_all_streams += 1;
+        self.acct.stats.num_sync_all_streams += 1;
         let markers = self.shared.markers.clone();
         let _range = markers.range(|| {
             format!(
                 "npualloc.event_sync {} events dev{index}",
-                self.pending.len()
+                self.waits.pending.len()
             )
         });
         let mut first_err: Option<DeviceError> = None;
-        if !self.parked.is_empty() {
+        if !self.waits.parked.is_empty() {
             match self.dev.synchronize_device(index) {
                 Ok(()) => {
-                    for id in std::mem::take(&mut self.parked) {
+                    for id in std::mem::take(&mut self.waits.parked) {
                         self.event_done(id);
                     }
                 }
                 Err(e) => first_err = Some(e),
             }
         }
-        let events = &mut self.events;
+        let events = &mut self.waits.events;
         if let Err(e) = self
+            .lending
             .fences
             .synchronize(&*self.dev, index, None, |ev| events.put(ev))
         {
             first_err.get_or_insert(e);
         }
-        for (s, ev, id) in self.pending.drain() {
+        for (s, ev, id) in self.waits.pending.drain() {
             match self.dev.event_synchronize(index, ev) {
                 Ok(()) => {
-                    self.events.put(ev);
+                    self.waits.events.put(ev);
                     self.event_done(id);
                 }
                 Err(e) => {
-                    self.pending.push(s, ev, id);
+                    self.waits.pending.push(s, ev, id);
                     first_err.get_or_insert(e);
                 }
             }
@@ -211,11 +212,11 @@ mod tests {
         st.record_stream(id, p, side).unwrap();
         sim.fail_nth_event_create(0, 1);
         free(&mut st, p);
-        assert_eq!(st.parked, vec![id]);
+        assert_eq!(st.waits.parked, vec![id]);
         check(&st);
         st.release_cached_blocks().unwrap();
-        assert!(st.parked.is_empty());
-        assert_eq!(st.reserved, 0);
+        assert!(st.waits.parked.is_empty());
+        assert_eq!(st.acct.reserved, 0);
         check(&st);
     }
 }

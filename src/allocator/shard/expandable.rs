@@ -226,7 +226,7 @@ impl ShardState {
         }
         drop(range);
         self.shared.note_reserved();
-        self.stats.num_device_alloc += k as i64;
+        self.acct.stats.num_device_alloc += k as i64;
 
         // Link the new pages to the runs they touch.
         let mut block = Block::segment(va, bytes, stream, kind);
@@ -244,11 +244,11 @@ impl ShardState {
             self.blocks[id].next = Some(r);
         }
         self.count_split(&touched, true);
-        self.reserved += bytes;
+        self.acct.reserved += bytes;
         let st = kind.stat_type();
-        stats::increase(&mut self.stats.reserved_bytes, st, bytes);
+        stats::increase(&mut self.acct.stats.reserved_bytes, st, bytes);
         let runs_delta = 1 - fit.left.is_some() as i64 - fit.right.is_some() as i64;
-        apply_net(&mut self.stats.segment, st, runs_delta);
+        apply_net(&mut self.acct.stats.segment, st, runs_delta);
         self.coalesce(id, false);
         self.pool_remove(id);
         Ok(Some(id))
@@ -262,8 +262,8 @@ impl ShardState {
             if b.is_free() && b.is_split() {
                 let (st, size) = (b.kind.stat_type(), b.size as i64);
                 let sign = if add { 1 } else { -1 };
-                apply_net(&mut self.stats.inactive_split, st, sign);
-                apply_net(&mut self.stats.inactive_split_bytes, st, sign * size);
+                apply_net(&mut self.acct.stats.inactive_split, st, sign);
+                apply_net(&mut self.acct.stats.inactive_split_bytes, st, sign * size);
             }
         }
     }
@@ -312,7 +312,7 @@ impl ShardState {
             Some(id)
         } else {
             let b = self.blocks.remove(id);
-            self.dirty.take(id); // clear marks only (dirty blocks are not unmapped)
+            self.lending.dirty.take(id); // clear marks only (dirty blocks are not unmapped)
             if let Some(p) = b.prev {
                 self.blocks[p].next = None;
             }
@@ -343,12 +343,12 @@ impl ShardState {
         let s = &self.vm[seg];
         let runs_delta =
             s.is_mapped_at(lo.wrapping_sub(page)) as i64 + s.is_mapped_at(hi) as i64 - 1;
-        self.reserved -= bytes;
+        self.acct.reserved -= bytes;
         self.shared.unreserve(bytes);
         let st = kind.stat_type();
-        stats::decrease(&mut self.stats.reserved_bytes, st, bytes);
-        apply_net(&mut self.stats.segment, st, runs_delta);
-        self.stats.num_device_free += done as i64;
+        stats::decrease(&mut self.acct.stats.reserved_bytes, st, bytes);
+        apply_net(&mut self.acct.stats.segment, st, runs_delta);
+        self.acct.stats.num_device_free += done as i64;
         failure.map_or(Ok(bytes), |e| Err(e.into()))
     }
 
@@ -356,7 +356,7 @@ impl ShardState {
     /// releasable pools, largest first, until `want` bytes are unmapped; returns the bytes.
     pub(super) fn vm_release_free(&mut self, want: usize, min_idle: u64) -> usize {
         let index = self.index;
-        if self.vm.is_empty() || self.capturing.is_some() {
+        if self.vm.is_empty() || self.capture.capturing.is_some() {
             return 0;
         }
         let mut candidates: Vec<(usize, BlockId)> = self
@@ -367,7 +367,9 @@ impl ShardState {
             .filter(|&(_, _, id)| {
                 let b = &self.blocks[id];
                 // A dirty block's pages may still be used by its borrower: kept mapped.
-                b.vm.is_some() && self.malloc_calls - b.freed_at >= min_idle && !self.is_dirty(id)
+                b.vm.is_some()
+                    && self.reclaim.malloc_calls - b.freed_at >= min_idle
+                    && !self.is_dirty(id)
             })
             .map(|(_, _, id)| {
                 let b = &self.blocks[id];
@@ -404,7 +406,7 @@ impl ShardState {
         let want = if want == usize::MAX {
             want
         } else {
-            want.max(self.reserved / UNMAP_SLACK_DIVISOR)
+            want.max(self.acct.reserved / UNMAP_SLACK_DIVISOR)
         };
         let mut released = 0;
         for (_, id) in candidates {

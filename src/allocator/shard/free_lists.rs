@@ -19,7 +19,7 @@ use crate::stats::{self, StatType};
 
 impl ShardState {
     pub(super) fn pool_insert(&mut self, id: BlockId) {
-        let (gc, now) = (self.gc_calls, self.malloc_calls);
+        let (gc, now) = (self.reclaim.gc_calls, self.reclaim.malloc_calls);
         let b = &mut self.blocks[id];
         b.gc_count_base = gc;
         b.freed_at = now;
@@ -48,7 +48,7 @@ impl ShardState {
         size: usize,
     ) -> Option<BlockId> {
         if self.gc_enabled() {
-            self.gc_calls += 1;
+            self.reclaim.gc_calls += 1;
         }
         let list = self.pools.get(&(stream, self.route()))?.get(kind);
         let (bsize, _, id) = list.best_fit(size)?;
@@ -104,28 +104,28 @@ impl ShardState {
             let rest_size = rest.size;
             self.pool_insert(id);
             if already_split {
-                stats::decrease(&mut self.stats.inactive_split_bytes, st, rounded);
+                stats::decrease(&mut self.acct.stats.inactive_split_bytes, st, rounded);
             } else {
-                stats::increase(&mut self.stats.inactive_split_bytes, st, rest_size);
-                stats::increase(&mut self.stats.inactive_split, st, 1);
+                stats::increase(&mut self.acct.stats.inactive_split_bytes, st, rest_size);
+                stats::increase(&mut self.acct.stats.inactive_split, st, 1);
             }
             out = front_id;
         } else if already_split {
             let bsize = self.blocks[id].size;
-            stats::decrease(&mut self.stats.inactive_split_bytes, st, bsize);
-            stats::decrease(&mut self.stats.inactive_split, st, 1);
+            stats::decrease(&mut self.acct.stats.inactive_split_bytes, st, bsize);
+            stats::decrease(&mut self.acct.stats.inactive_split, st, 1);
         }
         let b = &mut self.blocks[out];
         b.phase = Phase::Allocated;
         b.requested = size;
         let bsize = b.size;
-        stats::increase(&mut self.stats.allocation, st, 1);
-        stats::increase(&mut self.stats.allocated_bytes, st, bsize);
-        stats::increase(&mut self.stats.active, st, 1);
-        stats::increase(&mut self.stats.active_bytes, st, bsize);
-        stats::increase(&mut self.stats.requested_bytes, st, size);
+        stats::increase(&mut self.acct.stats.allocation, st, 1);
+        stats::increase(&mut self.acct.stats.allocated_bytes, st, bsize);
+        stats::increase(&mut self.acct.stats.active, st, 1);
+        stats::increase(&mut self.acct.stats.active_bytes, st, bsize);
+        stats::increase(&mut self.acct.stats.requested_bytes, st, size);
         if bsize >= self.shared.config.max_split_size {
-            self.stats.oversize_allocations.increase(1);
+            self.acct.stats.oversize_allocations.increase(1);
         }
         out
     }
@@ -143,9 +143,9 @@ impl ShardState {
             b.is_split(),
         );
         b.requested = 0;
-        stats::decrease(&mut self.stats.active, st, 1);
-        stats::decrease(&mut self.stats.active_bytes, st, size);
-        stats::decrease(&mut self.stats.requested_bytes, st, requested);
+        stats::decrease(&mut self.acct.stats.active, st, 1);
+        stats::decrease(&mut self.acct.stats.active_bytes, st, size);
+        stats::decrease(&mut self.acct.stats.requested_bytes, st, requested);
         // Only small-pool blocks: parking large blocks unmerged changes where later
         // large requests land and costs reserve (measured on the shipped traces).
         let b = &self.blocks[id];
@@ -158,8 +158,8 @@ impl ShardState {
             hot.push((size, id));
             self.blocks[id].phase = Phase::Hot;
             if split {
-                stats::increase(&mut self.stats.inactive_split, st, 1);
-                stats::increase(&mut self.stats.inactive_split_bytes, st, size);
+                stats::increase(&mut self.acct.stats.inactive_split, st, 1);
+                stats::increase(&mut self.acct.stats.inactive_split_bytes, st, size);
             }
             return;
         }
@@ -190,13 +190,13 @@ impl ShardState {
             net_blocks += 1;
             net_bytes += self.blocks[id].size as i64;
         }
-        apply_net(&mut self.stats.inactive_split, st, net_blocks);
-        apply_net(&mut self.stats.inactive_split_bytes, st, net_bytes);
+        apply_net(&mut self.acct.stats.inactive_split, st, net_blocks);
+        apply_net(&mut self.acct.stats.inactive_split_bytes, st, net_bytes);
     }
 
     /// Takes a hot block of exactly `size` bytes on `stream`, most recent first.
     pub(super) fn hot_take(&mut self, stream: StreamHandle, size: usize) -> Option<BlockId> {
-        if self.capturing.is_some() {
+        if self.capture.capturing.is_some() {
             return None;
         }
         let hot = &mut self.pools.get_mut(&(stream, None))?.hot;
@@ -239,7 +239,7 @@ impl ShardState {
         self.pool_remove(src);
         let s = self.blocks.remove(src);
         if s.dirty {
-            self.dirty.merge_into(dst, src);
+            self.lending.dirty.merge_into(dst, src);
             self.blocks[dst].dirty = true;
             self.prune_marks(dst);
         }
@@ -263,24 +263,24 @@ impl ShardState {
 
     /// Counts a segment this shard now holds: reserved bytes and segment statistics.
     pub(super) fn segment_added(&mut self, kind: PoolKind, size: usize) {
-        self.reserved += size;
-        self.reserved_hwm = self.reserved_hwm.max(self.reserved);
+        self.acct.reserved += size;
+        self.acct.reserved_hwm = self.acct.reserved_hwm.max(self.acct.reserved);
         let st = kind.stat_type();
-        stats::increase(&mut self.stats.segment, st, 1);
-        stats::increase(&mut self.stats.reserved_bytes, st, size);
+        stats::increase(&mut self.acct.stats.segment, st, 1);
+        stats::increase(&mut self.acct.stats.reserved_bytes, st, size);
         if size >= self.shared.config.max_split_size {
-            self.stats.oversize_segments.increase(1);
+            self.acct.stats.oversize_segments.increase(1);
         }
     }
 
     /// Uncounts a segment this shard no longer holds (freed or lent).
     pub(super) fn segment_removed(&mut self, kind: PoolKind, size: usize) {
-        self.reserved -= size;
+        self.acct.reserved -= size;
         let st = kind.stat_type();
-        stats::decrease(&mut self.stats.segment, st, 1);
-        stats::decrease(&mut self.stats.reserved_bytes, st, size);
+        stats::decrease(&mut self.acct.stats.segment, st, 1);
+        stats::decrease(&mut self.acct.stats.reserved_bytes, st, size);
         if size >= self.shared.config.max_split_size {
-            self.stats.oversize_segments.decrease(1);
+            self.acct.stats.oversize_segments.decrease(1);
         }
     }
 }
@@ -308,13 +308,13 @@ mod tests {
             a + 1024,
             "the second block is split off the same segment"
         );
-        assert_eq!(st.stats.inactive_split[0].current, 1);
+        assert_eq!(st.acct.stats.inactive_split[0].current, 1);
         free(&mut st, a);
         check(&st);
-        assert_eq!(st.stats.inactive_split[0].current, 2);
+        assert_eq!(st.acct.stats.inactive_split[0].current, 2);
         free(&mut st, b);
         check(&st);
-        assert_eq!(st.stats.inactive_split[0].current, 0);
+        assert_eq!(st.acct.stats.inactive_split[0].current, 0);
         assert_eq!(st.blocks.len(), 1, "merged into one block");
         let (_, _, id) = st
             .pools

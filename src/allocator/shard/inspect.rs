@@ -11,11 +11,11 @@ use crate::stats::DeviceStats;
 impl ShardState {
     /// Frees waiting for events or a synchronisation.
     pub fn pending_count(&self) -> usize {
-        self.pending.len() + self.parked.len() + self.deferred.len()
+        self.waits.pending.len() + self.waits.parked.len() + self.capture.deferred.len()
     }
 
     pub fn stats_snapshot(&self) -> DeviceStats {
-        let mut s = self.stats;
+        let mut s = self.acct.stats;
         s.max_split_size = i64::try_from(self.shared.config.max_split_size).unwrap_or(i64::MAX);
         s
     }
@@ -57,17 +57,18 @@ impl ShardState {
                         state,
                         lent_to: blk.borrower(),
                         dirty_on: self
+                            .lending
                             .dirty
                             .get(c)
                             .iter()
-                            .filter(|&&(s, e)| !self.fences.is_clear(s, e))
+                            .filter(|&&(s, e)| !self.lending.fences.is_clear(s, e))
                             .map(|&(s, _)| s)
                             .collect(),
                     });
                     cur = blk.next;
                 }
                 SegmentInfo {
-                    pool_id: b.pool.map(|t| self.private[t.index()].id),
+                    pool_id: b.pool.map(|t| self.capture.private[t.index()].id),
                     is_expandable: b.vm.is_some(),
                     address: b.ptr,
                     total_size: blocks.iter().map(|x| x.size).sum(),

@@ -73,9 +73,9 @@ impl ShardState {
         if size == 0 {
             return Err(Error::ZeroSize);
         }
-        self.malloc_calls += 1;
+        self.reclaim.malloc_calls += 1;
         let req = self.request(size)?;
-        if self.pending_count() > 0 && self.capturing.is_none() {
+        if self.pending_count() > 0 && self.capture.capturing.is_none() {
             self.process_events();
         }
         let id = match self.take_own_cache(&req) {
@@ -137,7 +137,7 @@ impl ShardState {
         }
         // Only releasing every cache (the other streams' too) can help now; not
         // during a capture, which must not synchronise.
-        if self.capturing.is_none() {
+        if self.capture.capturing.is_none() {
             return Ok(None);
         }
         Err(self.out_of_memory(req.size, seg_size))
@@ -184,7 +184,7 @@ impl ShardState {
         let markers = self.shared.markers.clone();
         let _range = markers.range(|| format!("npualloc.oom_retry {size}B dev{index}"));
         let released = self.release_cached_blocks();
-        self.stats.num_alloc_retries += 1;
+        self.acct.stats.num_alloc_retries += 1;
         let expandable = self.shared.config.expandable_segments;
         if released.is_ok() {
             let grown = if expandable {
@@ -212,13 +212,13 @@ impl ShardState {
         let grow = req
             .rounded
             .next_multiple_of(self.shared.config.page_size(req.kind));
-        if self.capturing.is_none() {
+        if self.capture.capturing.is_none() {
             self.release_empty_before_growth(grow, peers);
         }
         if let Some(id) = self.vm_grow(req.stream, req.kind, req.rounded)? {
             return Ok(Some(id));
         }
-        if self.capturing.is_some() {
+        if self.capture.capturing.is_some() {
             // A capture must not synchronise: no releasing, out of memory now.
             return Err(self.out_of_memory(req.size, grow));
         }
@@ -250,7 +250,7 @@ impl ShardState {
         if dirty && out == id {
             // Handed out whole; a split-off front starts clean and the free remainder
             // (`id`) stays dirty for other takers, unless the wait met its marks.
-            self.dirty.take(id);
+            self.lending.dirty.take(id);
             self.blocks[id].dirty = false;
         } else if dirty {
             self.prune_marks(id);
@@ -273,7 +273,7 @@ impl ShardState {
         // taking turns still get segments large enough to share (measured: the
         // device's alone over-sizes a side stream's segments, the stream's alone
         // under-sizes those of streams in rotation; benches/README.md).
-        let mark = self.reserved_hwm.max(self.shared.hwm() / 2);
+        let mark = self.acct.reserved_hwm.max(self.shared.hwm() / 2);
         let floor = (mark / ADAPTIVE_DIVISOR).clamp(LARGE_BUFFER, ADAPTIVE_MAX);
         let exact = rounded.checked_next_multiple_of(ROUND_LARGE)?;
         Some(exact.max(floor.next_multiple_of(ROUND_LARGE)))
@@ -282,7 +282,7 @@ impl ShardState {
     /// Counts an OOM and builds its error, with torch_npu's message.
     pub(super) fn out_of_memory(&mut self, size: usize, seg_size: usize) -> Error {
         let index = self.index;
-        self.stats.num_ooms += 1;
+        self.acct.stats.num_ooms += 1;
         let info = self.dev.mem_info(index).ok();
         Error::OutOfMemory {
             requested: size,
@@ -292,7 +292,7 @@ impl ShardState {
                 seg_size,
                 info,
                 self.shared.allowed_max(),
-                &self.stats,
+                &self.acct.stats,
             ),
         }
     }
@@ -323,11 +323,11 @@ impl ShardState {
             }
         };
         self.shared.note_reserved();
-        if !self.recent_reclaims.is_empty() {
+        if !self.reclaim.recent.is_empty() {
             self.note_segment_malloc(seg_size);
         }
         self.segment_added(kind, seg_size);
-        self.stats.num_device_alloc += 1;
+        self.acct.stats.num_device_alloc += 1;
         let mut seg = Block::segment(ptr, seg_size, stream, kind);
         seg.pool = self.route();
         Ok(Some(self.blocks.insert(seg)))
@@ -372,10 +372,13 @@ mod tests {
         let (_sim, mut st) = shard("");
         // 2 GiB on a 1 GiB device: rung 5 fails, so the shard asks for rung 6.
         assert_eq!(st.malloc(2 << 30, false, &NoPeers).unwrap(), None);
-        assert_eq!(st.stats.num_ooms, 0);
+        assert_eq!(st.acct.stats.num_ooms, 0);
         let e = st.malloc(2 << 30, true, &NoPeers).unwrap_err();
         assert!(matches!(e, Error::OutOfMemory { .. }));
-        assert_eq!((st.stats.num_ooms, st.stats.num_alloc_retries), (1, 1));
+        assert_eq!(
+            (st.acct.stats.num_ooms, st.acct.stats.num_alloc_retries),
+            (1, 1)
+        );
         check(&st);
     }
 
@@ -385,6 +388,6 @@ mod tests {
         st.begin_allocate_to_pool(MempoolId(1, 1)).unwrap();
         let e = st.malloc(2 << 30, false, &NoPeers).unwrap_err();
         assert!(matches!(e, Error::OutOfMemory { .. }));
-        assert_eq!(st.stats.num_alloc_retries, 0);
+        assert_eq!(st.acct.stats.num_alloc_retries, 0);
     }
 }

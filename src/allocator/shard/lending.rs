@@ -33,11 +33,11 @@ impl ShardState {
             let b = &mut self.blocks[id];
             b.stream_uses.clear();
             b.add_wait();
-            self.parked.push(id);
+            self.waits.parked.push(id);
             return true;
         }
         let epoch = self.fence(borrower);
-        self.dirty.add(id, borrower, epoch);
+        self.lending.dirty.add(id, borrower, epoch);
         self.blocks[id].dirty = true;
         false
     }
@@ -53,7 +53,7 @@ impl ShardState {
         peers: &dyn Peers,
     ) -> Result<Option<BlockId>, Error> {
         let (stream, kind) = (req.stream, req.kind);
-        if !self.shared.config.lend_segments || self.capturing.is_some() {
+        if !self.shared.config.lend_segments || self.capture.capturing.is_some() {
             return Ok(None);
         }
         let limit = seg_size.saturating_mul(LEND_SIZE_FACTOR);
@@ -82,7 +82,7 @@ impl ShardState {
         limit: usize,
         borrower: StreamHandle,
     ) -> Option<(DevicePtr, usize)> {
-        if self.capturing.is_some() {
+        if self.capture.capturing.is_some() {
             return None;
         }
         let (bsize, _, id) = self
@@ -96,7 +96,7 @@ impl ShardState {
         self.wait_for_dirty(id, borrower).ok()?;
         self.pool_remove(id);
         let b = self.blocks.remove(id);
-        self.dirty.take(id);
+        self.lending.dirty.take(id);
         self.segment_removed(kind, bsize);
         Some((b.ptr, bsize))
     }
@@ -107,7 +107,7 @@ impl ShardState {
     /// shard's, allocated, with the borrower as its user; once freed it comes back at
     /// once, dirty on the borrower (`return_lent`).
     pub(super) fn lend_block(&mut self, req: &Request) -> Option<DevicePtr> {
-        if self.capturing.is_some() {
+        if self.capture.capturing.is_some() {
             return None;
         }
         let (own, borrower) = (self.stream, req.stream);
@@ -126,7 +126,7 @@ impl ShardState {
     /// Block lending, the borrower's side (`lend_blocks`; never while capturing): another
     /// stream's free block for this request (see `lend_block`).
     pub(super) fn borrow_block(&mut self, req: &Request, peers: &dyn Peers) -> Option<DevicePtr> {
-        if !self.shared.config.lend_blocks || self.capturing.is_some() {
+        if !self.shared.config.lend_blocks || self.capture.capturing.is_some() {
             return None;
         }
         let mut lent = None;
@@ -208,7 +208,10 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(sim.counters(0).mallocs, 1);
-        assert_eq!((lender.borrow().reserved, borrower.reserved), (0, 20 << 20));
+        assert_eq!(
+            (lender.borrow().acct.reserved, borrower.acct.reserved),
+            (0, 20 << 20)
+        );
         check(&lender.borrow());
         check(&borrower);
     }

@@ -67,6 +67,7 @@ impl Peers for NoPeers {
     fn visit(&self, _: &mut dyn FnMut(&mut ShardState) -> bool) {}
 }
 
+/// One stream's shard: its blocks and free lists, and the state of each concern.
 pub(super) struct ShardState {
     /// The stream this shard serves (its own pools are keyed by it).
     pub stream: StreamHandle,
@@ -74,46 +75,90 @@ pub(super) struct ShardState {
     pub dev: Arc<dyn Device>,
     /// Its index.
     pub index: DeviceIndex,
+    /// Settings and device-wide counters shared with the other streams' shards.
+    pub shared: Arc<Shared>,
+    /// Every block of this shard's segments.
     pub blocks: Slab<Block>,
     /// This shard's live allocations: pointer → block.
     pub ptrs: PtrTable,
+    /// Free lists and hot caches, per (stream, pool).
     pub pools: StreamMap,
+    /// Streams the device confirmed (checked once each).
     pub known_streams: FxHashSet<StreamHandle>,
-    pub pending: PendingFrees,
-    /// Blocks whose events could not be recorded: each holds one wait
-    /// until the next full synchronisation.
-    pub parked: Vec<BlockId>,
-    pub events: EventPool,
+    /// Expandable segments (`Block::vm` names an entry).
+    pub vm: Slab<VmSegment>,
+    /// Statistics and reserved bytes.
+    pub acct: Accounting,
+    /// Frees waiting for events or a synchronisation (`events.rs`).
+    pub waits: Waits,
+    /// Graph-private pools and capture (`capture.rs`).
+    pub capture: Capture,
+    /// Fences and dirty marks of lent blocks (`lending.rs`, `ordering.rs`).
+    pub lending: Lending,
+    /// The clocks and back-off of giving memory back (`release.rs`).
+    pub reclaim: Reclaim,
+}
+
+/// What the shard holds, counted as PyTorch's statistics.
+#[derive(Default)]
+pub(super) struct Accounting {
+    /// PyTorch's statistics of this shard.
     pub stats: DeviceStats,
-    /// Settings and device-wide counters shared with the other streams' shards.
-    pub shared: Arc<Shared>,
+    /// Device bytes this shard holds.
     pub reserved: usize,
     /// Highest `reserved` of this shard (sizes its adaptive segments).
     pub reserved_hwm: usize,
-    pub gc_calls: u64,
-    /// Number of malloc calls so far (the clock of segment idleness).
-    pub malloc_calls: u64,
-    /// Idle time (malloc calls) a segment needs before it may be reclaimed; doubles
-    /// whenever a reclaimed segment has to be allocated again soon after.
-    pub reclaim_min_idle: u64,
-    /// Recently reclaimed segments: (size, when).
-    pub recent_reclaims: std::collections::VecDeque<(usize, u64)>,
-    /// Graph-private pools of this stream; `PrivateTag::new(i)` is entry `i`.
+}
+
+/// Frees waiting before their blocks can be reused.
+#[derive(Default)]
+pub(super) struct Waits {
+    /// Events recorded at free time, per stream, in order.
+    pub pending: PendingFrees,
+    /// Blocks whose events could not be recorded: each holds one wait until the next
+    /// full synchronisation.
+    pub parked: Vec<BlockId>,
+    /// Idle events for reuse.
+    pub events: EventPool,
+}
+
+/// Graph-private pools of this stream and the capture under way.
+#[derive(Default)]
+pub(super) struct Capture {
+    /// Graph-private pools; `PrivateTag::new(i)` is entry `i`.
     pub private: Vec<PrivatePool>,
     /// The private pool allocations go to while a graph capture is under way.
     pub capturing: PoolTag,
     /// Frees with stream uses made during a capture: their events are recorded when it
     /// ends (event calls are not allowed while capturing).
     pub deferred: Vec<BlockId>,
-    /// Expandable segments (`Block::vm` is an index here plus one).
-    pub vm: Slab<VmSegment>,
+}
+
+/// The lender's side of block lending.
+#[derive(Default)]
+pub(super) struct Lending {
     /// How far the streams this shard lent blocks to have run.
     pub fences: Fences,
     /// Which free blocks streams they were lent to may still use (`Block::dirty`).
     pub dirty: DirtyMarks,
 }
 
+/// Clocks and back-off of reclaiming (idle segments, garbage collection).
+#[derive(Default)]
+pub(super) struct Reclaim {
+    /// PyTorch's garbage-collection clock (free-list searches with GC enabled).
+    pub gc_calls: u64,
+    /// Number of malloc calls so far (the clock of segment idleness).
+    pub malloc_calls: u64,
+    /// Idle time (malloc calls) a segment needs before it may be reclaimed; doubles
+    /// whenever a reclaimed segment has to be allocated again soon after.
+    pub min_idle: u64,
+    /// Recently reclaimed segments: (size, when).
+    pub recent: std::collections::VecDeque<(usize, u64)>,
+}
+
 impl ShardState {
+    /// The shard of `stream` on the allocator whose shared part is `shared`.
     pub fn new(stream: StreamHandle, shared: Arc<Shared>) -> Self {
         let mut known_streams = FxHashSet::default();
         known_streams.insert(StreamHandle::DEFAULT);
@@ -121,30 +166,21 @@ impl ShardState {
             stream,
             dev: shared.device.clone(),
             index: shared.index,
+            shared,
             blocks: Slab::new(),
             ptrs: PtrTable::default(),
             pools: StreamMap::default(),
             known_streams,
-            pending: PendingFrees::default(),
-            parked: Vec::new(),
-            events: EventPool::default(),
-            stats: DeviceStats::default(),
-            shared,
-            reserved: 0,
-            reserved_hwm: 0,
-            gc_calls: 0,
-            malloc_calls: 0,
-            reclaim_min_idle: 0,
-            recent_reclaims: std::collections::VecDeque::new(),
-            private: Vec::new(),
-            capturing: None,
-            deferred: Vec::new(),
             vm: Slab::new(),
-            fences: Fences::default(),
-            dirty: DirtyMarks::default(),
+            acct: Accounting::default(),
+            waits: Waits::default(),
+            capture: Capture::default(),
+            lending: Lending::default(),
+            reclaim: Reclaim::default(),
         }
     }
 
+    /// Checks `s` with the device the first time this shard sees it.
     pub fn check_stream(&mut self, s: StreamHandle) -> Result<(), Error> {
         let index = self.index;
         if !self.known_streams.contains(&s) {

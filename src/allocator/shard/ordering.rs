@@ -19,12 +19,12 @@ impl ShardState {
     /// `taker` itself, whose own order suffices).
     #[cold]
     pub(super) fn wait_for_dirty(&mut self, id: BlockId, taker: StreamHandle) -> Result<(), Error> {
-        let marks: Vec<_> = self.dirty.get(id).to_vec();
+        let marks: Vec<_> = self.lending.dirty.get(id).to_vec();
         for (s, epoch) in marks {
-            if s != taker && !self.fences.is_clear(s, epoch) {
+            if s != taker && !self.lending.fences.is_clear(s, epoch) {
                 self.order_after(taker, s)?;
                 if taker == self.stream {
-                    self.fences.met(s);
+                    self.lending.fences.met(s);
                 }
             }
         }
@@ -33,8 +33,8 @@ impl ShardState {
 
     /// Drops block `id`'s dirty state if all its marks are clear.
     pub(super) fn prune_marks(&mut self, id: BlockId) {
-        if self.blocks[id].dirty && self.fences.all_clear(self.dirty.get(id)) {
-            self.dirty.take(id);
+        if self.blocks[id].dirty && self.lending.fences.all_clear(self.lending.dirty.get(id)) {
+            self.lending.dirty.take(id);
             self.blocks[id].dirty = false;
         }
     }
@@ -43,16 +43,18 @@ impl ShardState {
     /// stays dirty on it (taking one would record an event on the capturing stream).
     pub fn settle_fences_on(&mut self, stream: StreamHandle) -> Result<(), Error> {
         let index = self.index;
-        let events = &mut self.events;
-        self.fences
+        let events = &mut self.waits.events;
+        self.lending
+            .fences
             .synchronize(&*self.dev, index, Some(stream), |ev| events.put(ev))?;
         let unfenced = self
+            .lending
             .dirty
             .iter()
             .any(|(_, m)| m.iter().any(|&(s, e)| s == stream && e == UNFENCED));
         if unfenced {
             self.dev.synchronize_stream(index, stream)?;
-            for id in self.dirty.clear_stream(stream) {
+            for id in self.lending.dirty.clear_stream(stream) {
                 self.blocks[id].dirty = false;
             }
         }
@@ -65,28 +67,30 @@ impl ShardState {
     /// device (a fence that never completes must not cost every malloc a query).
     pub(super) fn poll_fences(&mut self) {
         let index = self.index;
-        if !self.fences.is_empty() {
-            let events = &mut self.events;
-            self.fences.poll(&*self.dev, index, |ev| events.put(ev));
+        if !self.lending.fences.is_empty() {
+            let events = &mut self.waits.events;
+            self.lending
+                .fences
+                .poll(&*self.dev, index, |ev| events.put(ev));
         }
     }
 
     /// Whether block `id` may still be in use on a stream it was lent to.
     pub(super) fn is_dirty(&self, id: BlockId) -> bool {
-        self.blocks[id].dirty && !self.fences.all_clear(self.dirty.get(id))
+        self.blocks[id].dirty && !self.lending.fences.all_clear(self.lending.dirty.get(id))
     }
 
     /// Records a fence on `borrower` for a lent block it just freed; returns the
     /// epoch of the block's dirty mark.
     pub(super) fn fence(&mut self, borrower: StreamHandle) -> u64 {
         let index = self.index;
-        let Ok(ev) = self.events.get(&*self.dev, index) else {
+        let Ok(ev) = self.waits.events.get(&*self.dev, index) else {
             return UNFENCED;
         };
         match self.dev.event_record(index, ev, borrower) {
-            Ok(()) => self.fences.push(borrower, ev),
+            Ok(()) => self.lending.fences.push(borrower, ev),
             Err(_) => {
-                self.events.put(ev);
+                self.waits.events.put(ev);
                 UNFENCED
             }
         }
@@ -100,12 +104,12 @@ impl ShardState {
         from: StreamHandle,
     ) -> Result<(), Error> {
         let index = self.index;
-        let ordered = self.events.get(&*self.dev, index).and_then(|ev| {
+        let ordered = self.waits.events.get(&*self.dev, index).and_then(|ev| {
             let r = self
                 .dev
                 .event_record(index, ev, from)
                 .and_then(|_| self.dev.stream_wait_event(index, stream, ev));
-            self.events.put(ev);
+            self.waits.events.put(ev);
             r
         });
         if ordered.is_err() {
@@ -127,10 +131,10 @@ mod tests {
         let epoch = st.fence(side);
         assert_ne!(epoch, UNFENCED);
         st.poll_fences();
-        assert!(!st.fences.is_clear(side, epoch));
+        assert!(!st.lending.fences.is_clear(side, epoch));
         sim.complete_stream(0, side).unwrap();
         st.poll_fences();
-        assert!(st.fences.is_clear(side, epoch));
+        assert!(st.lending.fences.is_clear(side, epoch));
     }
 
     #[test]

@@ -45,8 +45,8 @@ impl ShardState {
         let index = self.index;
         let b = &self.blocks[id];
         debug_assert!(b.is_free() && !b.is_split());
-        for &(s, epoch) in self.dirty.get(id) {
-            if !self.fences.is_clear(s, epoch) {
+        for &(s, epoch) in self.lending.dirty.get(id) {
+            if !self.lending.fences.is_clear(s, epoch) {
                 // Work queued there may still use it; device frees need not wait for it.
                 self.dev.synchronize_stream(index, s)?;
             }
@@ -61,10 +61,10 @@ impl ShardState {
         let (kind, size) = (b.kind, b.size);
         self.pool_remove(id);
         self.blocks.remove(id);
-        self.dirty.take(id);
+        self.lending.dirty.take(id);
         self.shared.unreserve(size);
         self.segment_removed(kind, size);
-        self.stats.num_device_free += 1;
+        self.acct.stats.num_device_free += 1;
         Ok(())
     }
 
@@ -176,10 +176,10 @@ impl ShardState {
     /// fewest device frees for the bytes) until `want` bytes are freed; returns the bytes.
     pub(super) fn release_idle_segments(&mut self, want: usize) -> usize {
         self.poll_fences();
-        let min_idle = self.reclaim_min_idle;
+        let min_idle = self.reclaim.min_idle;
         let mut empties: Vec<(usize, BlockId)> = self
             .clean_whole_segments(&[PoolKind::Small, PoolKind::Large])
-            .filter(|&(_, id)| self.malloc_calls - self.blocks[id].freed_at >= min_idle)
+            .filter(|&(_, id)| self.reclaim.malloc_calls - self.blocks[id].freed_at >= min_idle)
             .collect();
         empties.sort_by_key(|e| std::cmp::Reverse(e.0));
         let mut released = 0;
@@ -189,10 +189,12 @@ impl ShardState {
             }
             if self.release_block(id).is_ok() {
                 released += s;
-                if self.recent_reclaims.len() == RECENT_RECLAIMS {
-                    self.recent_reclaims.pop_front();
+                if self.reclaim.recent.len() == RECENT_RECLAIMS {
+                    self.reclaim.recent.pop_front();
                 }
-                self.recent_reclaims.push_back((s, self.malloc_calls));
+                self.reclaim
+                    .recent
+                    .push_back((s, self.reclaim.malloc_calls));
             }
         }
         if released < want {
@@ -204,16 +206,18 @@ impl ShardState {
     /// A new segment of `size` bytes: if one like it was reclaimed recently, reclaiming
     /// is churning (a cyclic workload needs it back), so demand longer idleness.
     pub(super) fn note_segment_malloc(&mut self, size: usize) {
-        let now = self.malloc_calls;
+        let now = self.reclaim.malloc_calls;
         let window = RECLAIM_WINDOW;
         if let Some(i) = self
-            .recent_reclaims
+            .reclaim
+            .recent
             .iter()
             .position(|&(s, at)| s == size && now - at <= window)
         {
-            self.recent_reclaims.remove(i);
-            self.reclaim_min_idle = self
-                .reclaim_min_idle
+            self.reclaim.recent.remove(i);
+            self.reclaim.min_idle = self
+                .reclaim
+                .min_idle
                 .saturating_mul(2)
                 .max(MIN_RECLAIM_IDLE);
         }
@@ -246,7 +250,7 @@ impl ShardState {
     pub(super) fn collect_old_blocks(&mut self, target: usize) -> usize {
         let mut candidates: Vec<(u64, usize, BlockId)> = self
             .clean_whole_segments(&[PoolKind::Large])
-            .map(|(s, id)| (self.gc_calls - self.blocks[id].gc_count_base, s, id))
+            .map(|(s, id)| (self.reclaim.gc_calls - self.blocks[id].gc_count_base, s, id))
             .collect();
         let mut reclaimed = 0;
         while reclaimed < target && !candidates.is_empty() {
@@ -269,6 +273,7 @@ impl ShardState {
         let index = self.index;
         let released = self.release_cached_blocks();
         let destroyed = self
+            .waits
             .events
             .destroy_idle(&*self.dev, index)
             .map_err(Error::from);
@@ -288,10 +293,10 @@ mod tests {
         let large = st.malloc(4 << 20, false, &NoPeers).unwrap().unwrap();
         free(&mut st, small);
         free(&mut st, large);
-        assert_eq!(st.reserved, (2 << 20) + (20 << 20));
+        assert_eq!(st.acct.reserved, (2 << 20) + (20 << 20));
         st.release_cached_blocks().unwrap();
-        assert_eq!(st.reserved, 0);
-        assert_eq!(st.stats.num_device_free, 2);
+        assert_eq!(st.acct.reserved, 0);
+        assert_eq!(st.acct.stats.num_device_free, 2);
         assert_eq!(sim.counters(0).live_bytes, 0);
         check(&st);
     }
@@ -301,7 +306,7 @@ mod tests {
         let (_sim, mut st) = shard("");
         let _live = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
         st.release_cached_blocks().unwrap();
-        assert_eq!(st.reserved, 2 << 20);
+        assert_eq!(st.acct.reserved, 2 << 20);
         check(&st);
     }
 }
