@@ -82,6 +82,12 @@ pub(super) fn check(st: &ShardState) -> Result<(), String> {
                     b.size
                 ));
             }
+            if b.stream != st.stream {
+                return Err(format!(
+                    "block {id}: of stream {:?} in the shard of {:?}",
+                    b.stream, st.stream
+                ));
+            }
             if b.stream_uses.contains(&b.stream) {
                 return Err(format!("block {id}: records its own stream as a use"));
             }
@@ -109,7 +115,7 @@ pub(super) fn check(st: &ShardState) -> Result<(), String> {
                 if let Some(p) = prev.filter(|&p| merged_away(&st.blocks[p]) && !hot) {
                     return Err(format!("free neighbours {p} and {id} were not merged"));
                 }
-                let pools = st.pools.get(&(b.stream, b.pool));
+                let pools = st.pools.get(&b.pool);
                 let in_list =
                     pools.is_some_and(|p| p.get(b.kind).iter().any(|e| e == (b.size, b.ptr, id)));
                 let in_hot =
@@ -161,7 +167,7 @@ pub(super) fn check(st: &ShardState) -> Result<(), String> {
 
     // Free lists hold only free blocks, each once.
     let mut listed = 0;
-    for (stream, pools) in st.pools.iter() {
+    for (tag, pools) in st.pools.iter() {
         for kind in [PoolKind::Small, PoolKind::Large] {
             for (size, ptr, id) in pools.get(kind).iter() {
                 let b = st
@@ -171,7 +177,7 @@ pub(super) fn check(st: &ShardState) -> Result<(), String> {
                 if !b.is_free()
                     || b.size != size
                     || b.ptr != ptr
-                    || (b.stream, b.pool) != *stream
+                    || b.pool != *tag
                     || b.kind != kind
                 {
                     return Err(format!("free list entry for block {id} is stale"));

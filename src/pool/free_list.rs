@@ -18,7 +18,7 @@ use slab::Slab;
 
 use super::block::{Block, BlockId};
 
-use crate::handle::{DevicePtr, StreamHandle};
+use crate::handle::DevicePtr;
 
 const SL_LOG2: u32 = 6;
 const SL: usize = 1 << SL_LOG2;
@@ -258,35 +258,32 @@ impl PrivateTag {
     }
 }
 
-/// Key of a free-list set: the stream and the pool.
-pub type PoolKey = (StreamHandle, PoolTag);
-
-/// The pools of a shard: in practice one or a few (a shard serves one stream), so a
-/// short vector searched linearly beats hashing.
+/// The pools of a shard (which serves one stream), by pool tag: in practice one or a
+/// few, so a short vector searched linearly beats hashing.
 #[derive(Default, Debug)]
 pub struct StreamMap {
-    entries: Vec<(PoolKey, StreamPools)>,
+    entries: Vec<(PoolTag, StreamPools)>,
 }
 
 impl StreamMap {
-    /// The pools of `stream`.
+    /// The free lists of pool `key`.
     #[inline]
-    pub fn get(&self, key: &PoolKey) -> Option<&StreamPools> {
+    pub fn get(&self, key: &PoolTag) -> Option<&StreamPools> {
         self.entries.iter().find(|e| e.0 == *key).map(|e| &e.1)
     }
 
-    /// The pools of `stream`, mutably.
+    /// The free lists of pool `key`, mutably.
     #[inline]
-    pub fn get_mut(&mut self, key: &PoolKey) -> Option<&mut StreamPools> {
+    pub fn get_mut(&mut self, key: &PoolTag) -> Option<&mut StreamPools> {
         self.entries
             .iter_mut()
             .find(|e| e.0 == *key)
             .map(|e| &mut e.1)
     }
 
-    /// The pools of `stream`, created empty if needed.
+    /// The free lists of pool `key`, created empty if needed.
     #[inline]
-    pub fn get_or_default(&mut self, key: PoolKey) -> &mut StreamPools {
+    pub fn get_or_default(&mut self, key: PoolTag) -> &mut StreamPools {
         let i = match self.entries.iter().position(|e| e.0 == key) {
             Some(i) => i,
             None => {
@@ -308,12 +305,12 @@ impl StreamMap {
     }
 
     /// Every ((stream, pool), pools).
-    pub fn iter(&self) -> impl Iterator<Item = (&PoolKey, &StreamPools)> {
+    pub fn iter(&self) -> impl Iterator<Item = (&PoolTag, &StreamPools)> {
         self.entries.iter().map(|e| (&e.0, &e.1))
     }
 
     /// Keeps the entries whose pools satisfy `keep`.
-    pub fn retain(&mut self, mut keep: impl FnMut(&PoolKey, &mut StreamPools) -> bool) {
+    pub fn retain(&mut self, mut keep: impl FnMut(&PoolTag, &mut StreamPools) -> bool) {
         self.entries.retain_mut(|e| keep(&e.0, &mut e.1));
     }
 }
@@ -321,6 +318,7 @@ impl StreamMap {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::handle::StreamHandle;
     use crate::pool::PoolKind;
 
     fn block(blocks: &mut Slab<Block>, size: usize, ptr: usize) -> BlockId {

@@ -362,7 +362,7 @@ impl ShardState {
         let mut candidates: Vec<(usize, BlockId)> = self
             .pools
             .iter()
-            .filter(|((_, tag), _)| self.pool_releasable(*tag))
+            .filter(|(tag, _)| self.pool_releasable(**tag))
             .flat_map(|(_, p)| p.small.iter().chain(p.large.iter()))
             .filter(|&(_, _, id)| {
                 let b = &self.blocks[id];

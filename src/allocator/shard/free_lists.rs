@@ -11,7 +11,6 @@
 //! - `inactive_split[_bytes]` count the free blocks of split segments, hot ones included.
 
 use super::ShardState;
-use crate::device::StreamHandle;
 use crate::pool::free_list::HOT_CAPACITY;
 use crate::pool::rounding::{MIN_BLOCK, SMALL_SIZE};
 use crate::pool::{Block, BlockId, Phase, PoolKind};
@@ -23,7 +22,7 @@ impl ShardState {
         let b = &mut self.blocks[id];
         b.gc_count_base = gc;
         b.freed_at = now;
-        let (key, kind) = ((b.stream, b.pool), b.kind);
+        let (key, kind) = (b.pool, b.kind);
         self.pools
             .get_or_default(key)
             .get_mut(kind)
@@ -32,7 +31,7 @@ impl ShardState {
 
     pub(super) fn pool_remove(&mut self, id: BlockId) {
         let b = &self.blocks[id];
-        let (key, kind) = ((b.stream, b.pool), b.kind);
+        let (key, kind) = (b.pool, b.kind);
         let removed = match self.pools.get_mut(&key) {
             Some(p) => p.get_mut(kind).remove(&mut self.blocks, id),
             None => false,
@@ -40,17 +39,13 @@ impl ShardState {
         debug_assert!(removed, "block {id} was not in its free list");
     }
 
-    /// PyTorch's `get_free_block`: best fit on the same stream, honouring max_split_size.
-    pub(super) fn get_free_block(
-        &mut self,
-        stream: StreamHandle,
-        kind: PoolKind,
-        size: usize,
-    ) -> Option<BlockId> {
+    /// PyTorch's `get_free_block`: best fit in the pool allocations go to now,
+    /// honouring max_split_size.
+    pub(super) fn get_free_block(&mut self, kind: PoolKind, size: usize) -> Option<BlockId> {
         if self.gc_enabled() {
             self.reclaim.gc_calls += 1;
         }
-        let list = self.pools.get(&(stream, self.route()))?.get(kind);
+        let list = self.pools.get(&self.route())?.get(kind);
         let (bsize, _, id) = list.best_fit(size)?;
         let max_split = self.shared.config.max_split_size;
         if size < max_split && bsize >= max_split {
@@ -135,13 +130,7 @@ impl ShardState {
     pub(super) fn free_block(&mut self, id: BlockId) {
         let b = &mut self.blocks[id];
         debug_assert!(b.is_free() && b.stream_uses.is_empty());
-        let (st, size, requested, stream, split) = (
-            b.kind.stat_type(),
-            b.size,
-            b.requested,
-            b.stream,
-            b.is_split(),
-        );
+        let (st, size, requested, split) = (b.kind.stat_type(), b.size, b.requested, b.is_split());
         b.requested = 0;
         stats::decrease(&mut self.acct.stats.active, st, 1);
         stats::decrease(&mut self.acct.stats.active_bytes, st, size);
@@ -153,7 +142,7 @@ impl ShardState {
             && b.pool.is_none()
             && self.shared.config.hot_cache
             && !b.dirty;
-        let hot = &mut self.pools.get_or_default((stream, None)).hot;
+        let hot = &mut self.pools.get_or_default(None).hot;
         if small && hot.len() < HOT_CAPACITY {
             hot.push((size, id));
             self.blocks[id].phase = Phase::Hot;
@@ -195,11 +184,11 @@ impl ShardState {
     }
 
     /// Takes a hot block of exactly `size` bytes on `stream`, most recent first.
-    pub(super) fn hot_take(&mut self, stream: StreamHandle, size: usize) -> Option<BlockId> {
+    pub(super) fn hot_take(&mut self, size: usize) -> Option<BlockId> {
         if self.capture.capturing.is_some() {
             return None;
         }
-        let hot = &mut self.pools.get_mut(&(stream, None))?.hot;
+        let hot = &mut self.pools.get_mut(&None)?.hot;
         let pos = hot.iter().rposition(|&(s, _)| s == size)?;
         let (_, id) = hot.swap_remove(pos);
         self.blocks[id].phase = Phase::Free;

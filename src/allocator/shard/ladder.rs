@@ -92,8 +92,8 @@ impl ShardState {
     /// Rung 1: a hot block of the exact size, else best fit in this stream's free lists.
     #[inline(always)]
     fn take_own_cache(&mut self, req: &Request) -> Option<BlockId> {
-        self.hot_take(req.stream, req.rounded)
-            .or_else(|| self.get_free_block(req.stream, req.kind, req.rounded))
+        self.hot_take(req.rounded)
+            .or_else(|| self.get_free_block(req.kind, req.rounded))
     }
 
     /// Rungs 2 to 6, for a request the own cache could not serve.
@@ -147,7 +147,7 @@ impl ShardState {
     /// fit), best fit again.
     fn take_merged_cache(&mut self, req: &Request) -> Option<BlockId> {
         if self.flush_hot() {
-            return self.get_free_block(req.stream, req.kind, req.rounded);
+            return self.get_free_block(req.kind, req.rounded);
         }
         None
     }
@@ -171,7 +171,7 @@ impl ShardState {
         req: &Request,
         seg_size: usize,
     ) -> Result<Option<BlockId>, Error> {
-        if self.release_available_cached_blocks(req.stream, req.kind, req.rounded) {
+        if self.release_available_cached_blocks(req.kind, req.rounded) {
             return self.alloc_block(seg_size, req.stream, req.kind);
         }
         Ok(None)

@@ -88,7 +88,7 @@ impl ShardState {
         let (bsize, _, id) = self
             .pools
             .iter()
-            .filter(|((_, tag), _)| tag.is_none())
+            .filter(|(tag, _)| tag.is_none())
             .flat_map(|(_, p)| p.get(kind).iter())
             .filter(|&(s, _, id)| s >= size && s <= limit && self.is_whole_segment(id))
             .min_by_key(|&(s, p, _)| (s, p))?;
@@ -111,7 +111,7 @@ impl ShardState {
             return None;
         }
         let (own, borrower) = (self.stream, req.stream);
-        let id = self.get_free_block(own, req.kind, req.rounded)?;
+        let id = self.get_free_block(req.kind, req.rounded)?;
         if self.order_after(borrower, own).is_err() {
             self.pool_insert(id);
             return None;

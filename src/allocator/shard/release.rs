@@ -8,7 +8,6 @@
 
 use super::Peers;
 use super::ShardState;
-use crate::device::StreamHandle;
 use crate::error::Error;
 use crate::pool::{BlockId, PoolKind};
 
@@ -28,7 +27,7 @@ impl ShardState {
     ) -> impl Iterator<Item = (usize, BlockId)> + 'a {
         self.pools
             .iter()
-            .filter(|((_, tag), _)| tag.is_none())
+            .filter(|(tag, _)| tag.is_none())
             .flat_map(move |(_, p)| kinds.iter().flat_map(move |&k| p.get(k).iter()))
             .filter(|&(_, _, id)| self.is_whole_segment(id) && !self.is_dirty(id))
             .map(|(s, _, id)| (s, id))
@@ -74,7 +73,7 @@ impl ShardState {
         let whole: Vec<BlockId> = self
             .pools
             .iter()
-            .filter(|((_, tag), _)| self.pool_releasable(*tag))
+            .filter(|(tag, _)| self.pool_releasable(**tag))
             .flat_map(|(_, p)| p.small.iter().chain(p.large.iter()))
             .map(|(_, _, id)| id)
             .filter(|&id| self.is_whole_segment(id))
@@ -108,19 +107,14 @@ impl ShardState {
 
     /// With `max_split_size` set: free oversize cached blocks of this stream until
     /// `max(size, max_split_size)` bytes are released.
-    pub(super) fn release_available_cached_blocks(
-        &mut self,
-        stream: StreamHandle,
-        kind: PoolKind,
-        size: usize,
-    ) -> bool {
+    pub(super) fn release_available_cached_blocks(&mut self, kind: PoolKind, size: usize) -> bool {
         let index = self.index;
         let max_split = self.shared.config.max_split_size;
         if max_split == usize::MAX {
             return false;
         }
         let target = size.max(max_split);
-        let Some(pools) = self.pools.get(&(stream, self.route())) else {
+        let Some(pools) = self.pools.get(&self.route()) else {
             return false;
         };
         let list = pools.get(kind);
