@@ -17,6 +17,12 @@
 //! this thread's last allocation, else searches the shards. Device calls are made with
 //! the shard's mutex held, as PyTorch does by default; the last-resort cache release
 //! takes the other shards' mutexes one at a time with its own released.
+//!
+//! Layout: `shards.rs` the stream → shard table (boxed shards, found without a lock);
+//! `shared.rs` what the shards share (the device context: device, index, settings,
+//! profiler markers; device-wide counters); `shard/` one stream's shard state, one file
+//! per concern (the ladder above is `shard/ladder.rs`); `oom.rs` torch_npu's
+//! out-of-memory message; `invariants.rs` the checker that recounts a shard.
 
 mod invariants;
 mod oom;
