@@ -163,6 +163,9 @@ impl ShardState {
         {
             first_err.get_or_insert(e);
         }
+        if let Err(e) = self.settle_unfenced() {
+            first_err.get_or_insert(e);
+        }
         for (s, ev, id) in self.waits.pending.drain() {
             match self.dev.event_synchronize(index, ev) {
                 Ok(()) => {

@@ -145,6 +145,7 @@ mod tests {
     use super::super::testing::{check, device, id_of, Others};
     use super::super::ShardState;
     use crate::device::StreamHandle;
+    use crate::stream::UNFENCED;
 
     #[test]
     fn a_free_block_is_lent_and_comes_back_dirty() {
@@ -189,6 +190,45 @@ mod tests {
         sim.complete_stream(0, side).unwrap();
         l.poll_fences();
         assert!(!l.is_dirty(id), "the borrower's fence completed");
+    }
+
+    /// Issue #17 item 8: with expandable segments, a lent block freed by its borrower
+    /// while no event could be created stayed dirty (unfenced) through every full
+    /// synchronisation, so its pages were never unmapped.
+    #[test]
+    fn a_block_freed_without_a_fence_goes_back_at_the_next_full_synchronisation() {
+        let (sim, shared) = device(1 << 30, "expandable_segments:True");
+        let side = sim.create_stream(0).unwrap();
+        let lender = RefCell::new(ShardState::new(StreamHandle::DEFAULT, shared.clone()));
+        let mut borrower = ShardState::new(side, shared);
+        {
+            let mut l = lender.borrow_mut();
+            let p = l.malloc(4 << 20, false, &Others(vec![])).unwrap().unwrap();
+            let id = l.ptrs.remove(&p).unwrap();
+            l.free(id);
+        }
+        let q = borrower
+            .malloc(4 << 20, false, &Others(vec![&lender]))
+            .unwrap()
+            .unwrap();
+        let mut l = lender.borrow_mut();
+        let id = id_of(&l, q);
+        assert_eq!(l.blocks[id].borrower(), Some(side));
+        // No idle event to reuse, and creating one fails: the fence cannot be recorded.
+        l.waits.events.destroy_idle(&*sim, 0).unwrap();
+        sim.fail_nth_event_create(0, 1);
+        l.ptrs.remove(&q);
+        l.free(id);
+        assert_eq!(l.lending.dirty.get(id), [(side, UNFENCED)]);
+        check(&l);
+        l.release_cached_blocks().unwrap();
+        check(&l);
+        assert_eq!(
+            l.acct.reserved, 0,
+            "pages of the unfenced block stayed mapped"
+        );
+        let c = sim.counters(0);
+        assert_eq!(c.maps, c.unmaps);
     }
 
     #[test]

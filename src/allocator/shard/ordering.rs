@@ -9,7 +9,7 @@
 //! completed is clear and may be dropped at any time.
 
 use super::ShardState;
-use crate::device::StreamHandle;
+use crate::device::{DeviceError, StreamHandle};
 use crate::error::Error;
 use crate::pool::BlockId;
 use crate::stream::UNFENCED;
@@ -55,6 +55,27 @@ impl ShardState {
         if unfenced {
             self.dev.synchronize_stream(index, stream)?;
             for id in self.lending.dirty.clear_stream(stream) {
+                self.blocks[id].dirty = false;
+            }
+        }
+        Ok(())
+    }
+
+    /// Synchronises every stream a block is dirty on without a fence (its event could
+    /// not be recorded) and drops those marks, so that after a full synchronisation no
+    /// block stays dirty for want of a fence (a dirty block's pages are never unmapped).
+    pub(super) fn settle_unfenced(&mut self) -> Result<(), DeviceError> {
+        let mut streams: Vec<StreamHandle> = self
+            .lending
+            .dirty
+            .iter()
+            .flat_map(|(_, m)| m.iter().filter(|&&(_, e)| e == UNFENCED).map(|&(s, _)| s))
+            .collect();
+        streams.sort();
+        streams.dedup();
+        for s in streams {
+            self.dev.synchronize_stream(self.index, s)?;
+            for id in self.lending.dirty.clear_stream(s) {
                 self.blocks[id].dirty = false;
             }
         }
