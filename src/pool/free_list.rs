@@ -304,7 +304,7 @@ impl StreamMap {
         self.entries.iter_mut().map(|e| &mut e.1)
     }
 
-    /// Every ((stream, pool), pools).
+    /// Every (pool tag, free lists).
     pub fn iter(&self) -> impl Iterator<Item = (&PoolTag, &StreamPools)> {
         self.entries.iter().map(|e| (&e.0, &e.1))
     }

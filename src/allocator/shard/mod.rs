@@ -81,7 +81,7 @@ pub(super) struct ShardState {
     pub blocks: Slab<Block>,
     /// This shard's live allocations: pointer → block.
     pub ptrs: PtrTable,
-    /// Free lists and hot caches, per (stream, pool).
+    /// Free lists and hot caches, per pool (the stream's own, graph-private ones).
     pub pools: StreamMap,
     /// Streams the device confirmed (checked once each).
     pub known_streams: FxHashSet<StreamHandle>,
