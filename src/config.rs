@@ -239,6 +239,12 @@ impl Config {
         let idx = (log as usize).saturating_sub(20).min(ROUNDUP_INTERVALS - 1);
         self.roundup_power2_divisions[idx]
     }
+
+    /// The block size a request of `size` bytes gets under these settings (PyTorch's
+    /// rounding with `roundup_power2_divisions`); `None` if it cannot be represented.
+    pub fn block_size(&self, size: usize) -> Option<usize> {
+        crate::pool::rounding::round_size(size, |s| self.divisions_for(s))
+    }
 }
 
 /// Splits on commas that are not inside `[...]`.
@@ -377,7 +383,7 @@ mod tests {
         let c =
             Config::parse(&format!("roundup_power2_divisions:{MAX_ROUNDUP_DIVISIONS}")).unwrap();
         for size in [512, 513, 3 * MIB + 1, (5 << 30) + 7, (64 << 30) + 1] {
-            let r = crate::pool::rounding::round_size(size, &c).unwrap();
+            let r = c.block_size(size).unwrap();
             assert!(r >= size && r % 512 == 0, "{size} -> {r}");
         }
     }

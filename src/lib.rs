@@ -11,18 +11,24 @@ pub mod allocator;
 pub mod config;
 pub mod device;
 pub mod error;
+pub mod handle;
+pub(crate) mod loader;
 pub mod pickle;
-pub mod pool;
+pub(crate) mod pool;
 pub mod profiling;
+#[cfg(feature = "cli")]
 pub mod replay;
 pub mod snapshot;
 pub mod stats;
-pub mod stream;
+pub(crate) mod stream;
 pub mod summary;
+#[cfg(feature = "cli")]
 pub mod trace;
 
 pub use allocator::{CachingAllocator, OomInfo};
 pub use config::Config;
 pub use device::{Device, DeviceError, DeviceIndex, DevicePtr, EventHandle, StreamHandle};
 pub use error::Error;
+pub use handle::MempoolId;
+pub use pool::PoolKind;
 pub use stats::{DeviceStats, Stat, StatType};

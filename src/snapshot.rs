@@ -6,8 +6,64 @@
 
 use serde_json::{json, Value};
 
-use crate::allocator::{BlockInfo, BlockState, CachingAllocator, SegmentInfo};
+use crate::handle::{DeviceIndex, DevicePtr, MempoolId, StreamHandle};
 use crate::pool::PoolKind;
+
+/// What a block is doing, as snapshots report it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockState {
+    /// Handed out to a caller.
+    ActiveAllocated,
+    /// Freed by the caller, waiting for events on other streams.
+    ActivePendingFree,
+    /// Cached and reusable.
+    Inactive,
+}
+
+/// One block in a snapshot.
+#[derive(Clone, Debug)]
+pub struct BlockInfo {
+    /// Start address.
+    pub address: DevicePtr,
+    /// Size in bytes.
+    pub size: usize,
+    /// Bytes the caller asked for (0 when inactive).
+    pub requested_size: usize,
+    /// ShardState.
+    pub state: BlockState,
+    /// Allocated for a caller on this other stream (cross-stream lending).
+    pub lent_to: Option<StreamHandle>,
+    /// Free, but these streams it was lent to may still use it (their fences have not
+    /// been seen complete): whoever takes it first waits for them on the device.
+    pub dirty_on: Vec<StreamHandle>,
+}
+
+/// One segment (device allocation) in a snapshot.
+#[derive(Clone, Debug)]
+pub struct SegmentInfo {
+    /// Start address.
+    pub address: DevicePtr,
+    /// Size in bytes.
+    pub total_size: usize,
+    /// Stream the segment serves.
+    pub stream: StreamHandle,
+    /// Pool.
+    pub kind: PoolKind,
+    /// Blocks in address order.
+    pub blocks: Vec<BlockInfo>,
+    /// The graph-private pool holding the segment (`None`: the stream's own pool).
+    pub pool_id: Option<MempoolId>,
+    /// A run of mapped pages of an expandable segment.
+    pub is_expandable: bool,
+}
+
+/// Something whose segments a snapshot lists: one device's allocator.
+pub trait SegmentSource {
+    /// The device index the segments belong to.
+    fn device_index(&self) -> DeviceIndex;
+    /// Every segment, in address order.
+    fn segments(&self) -> Vec<SegmentInfo>;
+}
 
 fn state_name(s: BlockState) -> &'static str {
     match s {
@@ -61,7 +117,7 @@ pub fn segments_json(device: usize, segs: &[SegmentInfo]) -> Vec<Value> {
                 "requested_size": requested,
                 "stream": seg.stream.0,
                 "segment_type": if seg.kind == PoolKind::Small { "small" } else { "large" },
-                "segment_pool_id": seg.pool_id.map_or([0, 0], |(a, b)| [a, b]),
+                "segment_pool_id": seg.pool_id.map_or([0, 0], |MempoolId(a, b)| [a, b]),
                 "is_expandable": seg.is_expandable,
                 "frames": [],
                 "blocks": blocks,
@@ -72,7 +128,7 @@ pub fn segments_json(device: usize, segs: &[SegmentInfo]) -> Vec<Value> {
 
 /// The snapshot of several devices' allocators as a JSON value:
 /// `{"segments": [...], "device_traces": [[...] per device]}`.
-pub fn snapshot(allocators: &[&CachingAllocator]) -> Value {
+pub fn snapshot<S: SegmentSource>(allocators: &[&S]) -> Value {
     let mut segments = Vec::new();
     let mut traces = Vec::new();
     for a in allocators {
@@ -85,6 +141,7 @@ pub fn snapshot(allocators: &[&CachingAllocator]) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::allocator::CachingAllocator;
     use crate::device::sim::{SimConfig, SimDevice};
     use crate::{Config, StreamHandle};
 

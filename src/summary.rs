@@ -14,7 +14,7 @@
 
 use std::fmt;
 
-use crate::allocator::{BlockState, SegmentInfo};
+use crate::snapshot::{BlockState, SegmentInfo};
 use crate::stats::{format_size, DeviceStats, Stat, StatArray, StatType};
 
 /// Where a device's reserved bytes go, from its segments.
@@ -243,9 +243,9 @@ impl fmt::Display for DeviceStats {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::allocator::BlockInfo;
     use crate::device::StreamHandle;
     use crate::pool::PoolKind;
+    use crate::snapshot::BlockInfo;
 
     fn stats() -> DeviceStats {
         let mut s = DeviceStats::default();

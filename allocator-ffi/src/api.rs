@@ -2,13 +2,13 @@
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 
-use npualloc_core::{Config, Error, StreamHandle};
+use npualloc_core::{Config, Error, MempoolId, StreamHandle};
 
 use crate::error::*;
 use crate::hooks::{self, npualloc_runtime_hooks};
 use crate::panic::{code, or_default};
 use crate::record::recorder;
-use crate::runtime::{configure, runtime, set_hooks};
+use crate::runtime::{configure, runtime, set_hooks, set_oom_observer};
 use crate::types::{npualloc_device_stats, npualloc_stream};
 
 fn to_stream(s: npualloc_stream) -> StreamHandle {
@@ -307,32 +307,12 @@ pub extern "C" fn npualloc_device_count() -> c_int {
 pub type npualloc_oom_observer =
     Option<extern "C" fn(device: c_int, requested: usize, capacity: usize, free: usize)>;
 
-static OOM_OBSERVER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
-pub(crate) fn call_oom_observer(info: npualloc_core::OomInfo) {
-    let f = OOM_OBSERVER.load(std::sync::atomic::Ordering::Acquire);
-    if f != 0 {
-        // SAFETY: the only non-zero values stored are `extern "C" fn` pointers of exactly
-        // this type, set by npualloc_set_oom_observer.
-        let f: extern "C" fn(c_int, usize, usize, usize) = unsafe { std::mem::transmute(f) };
-        f(
-            info.device as c_int,
-            info.requested,
-            info.capacity,
-            info.free,
-        );
-    }
-}
-
 /// Sets the function called (outside every allocator lock, on the allocating thread)
 /// after an allocation fails with out of memory; NULL removes it. Any time.
 #[no_mangle]
 pub extern "C" fn npualloc_set_oom_observer(observer: npualloc_oom_observer) -> c_int {
     code("npualloc_set_oom_observer", || {
-        OOM_OBSERVER.store(
-            observer.map_or(0, |f| f as usize),
-            std::sync::atomic::Ordering::Release,
-        );
+        set_oom_observer(observer);
         Ok(())
     })
 }
@@ -351,7 +331,7 @@ pub extern "C" fn npualloc_begin_allocate_to_pool(
     code("npualloc_begin_allocate_to_pool", || {
         Ok(runtime()?
             .allocator(device)?
-            .begin_allocate_to_pool((id_hi, id_lo), to_stream(capture_stream))?)
+            .begin_allocate_to_pool(MempoolId(id_hi, id_lo), to_stream(capture_stream))?)
     })
 }
 
@@ -362,7 +342,7 @@ pub extern "C" fn npualloc_end_allocate_to_pool(device: c_int, id_hi: u64, id_lo
     code("npualloc_end_allocate_to_pool", || {
         Ok(runtime()?
             .allocator(device)?
-            .end_allocate_to_pool((id_hi, id_lo))?)
+            .end_allocate_to_pool(MempoolId(id_hi, id_lo))?)
     })
 }
 
@@ -371,6 +351,8 @@ pub extern "C" fn npualloc_end_allocate_to_pool(device: c_int, id_hi: u64, id_lo
 #[no_mangle]
 pub extern "C" fn npualloc_release_pool(device: c_int, id_hi: u64, id_lo: u64) -> c_int {
     code("npualloc_release_pool", || {
-        Ok(runtime()?.allocator(device)?.release_pool((id_hi, id_lo))?)
+        Ok(runtime()?
+            .allocator(device)?
+            .release_pool(MempoolId(id_hi, id_lo))?)
     })
 }

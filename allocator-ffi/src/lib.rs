@@ -23,6 +23,7 @@ mod record;
 mod runtime;
 mod sim_api;
 mod summary;
+mod tag_registry;
 mod tags;
 mod types;
 

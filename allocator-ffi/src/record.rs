@@ -24,6 +24,10 @@ pub(crate) struct Recorder {
     inner: Mutex<Inner>,
 }
 
+/// The trace format's header line (`npualloc::trace::HEADER`; the core's `trace` module
+/// is compiled only with its `cli` feature, which this library leaves off).
+const TRACE_HEADER: &str = "# npualloc-trace v1";
+
 static RECORDER: OnceLock<Option<Recorder>> = OnceLock::new();
 
 extern "C" fn flush_at_exit() {
@@ -55,7 +59,7 @@ pub(crate) fn init() -> Result<(), Failure> {
     let _ = writeln!(
         out,
         "{} source=NPUALLOC_TRACE pid={}",
-        npualloc_core::trace::HEADER,
+        TRACE_HEADER,
         std::process::id()
     );
     let rec = Recorder {

@@ -16,11 +16,11 @@ use parking_lot::Mutex;
 use npualloc_core::device::acl::AclDevice;
 use npualloc_core::device::cuda::CudaDevice;
 use npualloc_core::device::sim::{SimConfig, SimDevice, SimMode};
-use npualloc_core::stream::TagRegistry;
 use npualloc_core::{CachingAllocator, Config, Device, Error};
 
 use crate::error::*;
 use crate::hooks::{npualloc_runtime_hooks, HookedDevice};
+use crate::tag_registry::TagRegistry;
 
 /// What can be set before the runtime exists.
 #[derive(Default)]
@@ -178,7 +178,7 @@ impl Runtime {
         // segments without virtual memory): report it, and try again on the next call.
         let config = self.config.lock().clone();
         let a = CachingAllocator::new(self.backend.clone(), d as i64, config)?;
-        a.attach_oom_observer(crate::api::call_oom_observer);
+        a.attach_oom_observer(call_oom_observer);
         // Another thread may have won the race; its allocator (as yet unused) is kept.
         let _ = self.allocators[d].set(a);
         Ok(self.allocators[d]
@@ -255,4 +255,31 @@ pub(crate) fn set_hooks(hooks: Option<npualloc_runtime_hooks>) -> Result<(), Fai
     }
     PRE.lock().hooks = hooks;
     Ok(())
+}
+
+/// The C out-of-memory observer (`npualloc_set_oom_observer`) as an address; 0 = none.
+static OOM_OBSERVER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Calls the C out-of-memory observer, if one is set.
+fn call_oom_observer(info: npualloc_core::OomInfo) {
+    let f = OOM_OBSERVER.load(std::sync::atomic::Ordering::Acquire);
+    if f != 0 {
+        // SAFETY: the only non-zero values stored are `extern "C" fn` pointers of exactly
+        // this type, set by npualloc_set_oom_observer.
+        let f: extern "C" fn(c_int, usize, usize, usize) = unsafe { std::mem::transmute(f) };
+        f(
+            info.device as c_int,
+            info.requested,
+            info.capacity,
+            info.free,
+        );
+    }
+}
+
+/// Sets (or, with `None`, removes) the C out-of-memory observer.
+pub(crate) fn set_oom_observer(observer: Option<extern "C" fn(c_int, usize, usize, usize)>) {
+    OOM_OBSERVER.store(
+        observer.map_or(0, |f| f as usize),
+        std::sync::atomic::Ordering::Release,
+    );
 }

@@ -2,8 +2,8 @@
 
 use std::collections::HashMap;
 
-use super::state::State;
-use crate::pool::{Block, BlockId, PoolKind};
+use super::shard::ShardState;
+use crate::pool::{Block, BlockId, Phase, PoolKind};
 use crate::stats::{StatArray, StatType};
 use crate::stream::UNFENCED;
 
@@ -42,7 +42,7 @@ fn compare(name: &str, stat: &StatArray, counted: &[i64; 3]) -> Result<(), Strin
 }
 
 /// Checks one shard.
-pub(super) fn check(st: &State) -> Result<(), String> {
+pub(super) fn check(st: &ShardState) -> Result<(), String> {
     let ptrs = &st.ptrs;
     let mut seen = vec![false; st.blocks.capacity()];
     let mut rc = Recount::default();
@@ -82,10 +82,17 @@ pub(super) fn check(st: &State) -> Result<(), String> {
                     b.size
                 ));
             }
+            if b.stream != st.stream {
+                return Err(format!(
+                    "block {id}: of stream {:?} in the shard of {:?}",
+                    b.stream, st.stream
+                ));
+            }
             if b.stream_uses.contains(&b.stream) {
                 return Err(format!("block {id}: records its own stream as a use"));
             }
-            if !b.allocated && !b.stream_uses.is_empty() && !st.deferred.contains(&id) {
+            if !b.is_allocated() && !b.stream_uses.is_empty() && !st.capture.deferred.contains(&id)
+            {
                 return Err(format!("block {id}: free but still lists stream uses"));
             }
             if b.vm != hb.vm {
@@ -93,31 +100,31 @@ pub(super) fn check(st: &State) -> Result<(), String> {
                     "block {id}: expandable segment differs from its run's"
                 ));
             }
-            if b.pool as usize > st.private.len() || b.pool != hb.pool {
+            if b.pool
+                .is_some_and(|t| t.index() >= st.capture.private.len())
+                || b.pool != hb.pool
+            {
                 return Err(format!(
-                    "block {id}: pool tag {} is not its segment's or is unknown",
+                    "block {id}: pool tag {:?} is not its segment's or is unknown",
                     b.pool
                 ));
             }
-            if b.hot && !b.is_free() {
-                return Err(format!("block {id} is hot but not free"));
-            }
+            let hot = b.phase == Phase::Hot;
             if b.is_free() {
-                let merged_away = |x: &crate::pool::Block| x.is_free() && !x.hot;
-                if let Some(p) = prev.filter(|&p| merged_away(&st.blocks[p]) && !b.hot) {
+                let merged_away = |x: &crate::pool::Block| x.phase == Phase::Free;
+                if let Some(p) = prev.filter(|&p| merged_away(&st.blocks[p]) && !hot) {
                     return Err(format!("free neighbours {p} and {id} were not merged"));
                 }
-                let pools = st.pools.get(&(b.stream, b.pool));
+                let pools = st.pools.get(&b.pool);
                 let in_list =
                     pools.is_some_and(|p| p.get(b.kind).iter().any(|e| e == (b.size, b.ptr, id)));
                 let in_hot =
                     pools.map_or(0, |p| p.hot.iter().filter(|h| **h == (b.size, id)).count());
-                match (b.hot, in_list, in_hot) {
+                match (hot, in_list, in_hot) {
                     (false, true, 0) | (true, false, 1) => {}
                     _ => {
                         return Err(format!(
-                            "free block {id} (hot: {}) is in its free list: {in_list}, in the hot cache {in_hot} times",
-                            b.hot
+                            "free block {id} (hot: {hot}) is in its free list: {in_list}, in the hot cache {in_hot} times"
                         ))
                     }
                 }
@@ -130,7 +137,7 @@ pub(super) fn check(st: &State) -> Result<(), String> {
                 add(&mut rc.active_bytes, b.kind, b.size);
                 add(&mut rc.requested_bytes, b.kind, b.requested);
             }
-            if b.allocated {
+            if b.is_allocated() {
                 add(&mut rc.allocation, b.kind, 1);
                 add(&mut rc.allocated_bytes, b.kind, b.size);
                 if b.requested == 0 || b.requested > b.size {
@@ -160,7 +167,7 @@ pub(super) fn check(st: &State) -> Result<(), String> {
 
     // Free lists hold only free blocks, each once.
     let mut listed = 0;
-    for (stream, pools) in st.pools.iter() {
+    for (tag, pools) in st.pools.iter() {
         for kind in [PoolKind::Small, PoolKind::Large] {
             for (size, ptr, id) in pools.get(kind).iter() {
                 let b = st
@@ -170,7 +177,7 @@ pub(super) fn check(st: &State) -> Result<(), String> {
                 if !b.is_free()
                     || b.size != size
                     || b.ptr != ptr
-                    || (b.stream, b.pool) != *stream
+                    || b.pool != *tag
                     || b.kind != kind
                 {
                     return Err(format!("free list entry for block {id} is stale"));
@@ -182,14 +189,14 @@ pub(super) fn check(st: &State) -> Result<(), String> {
     let free_count = st
         .blocks
         .iter()
-        .filter(|(_, b)| b.is_free() && !b.hot)
+        .filter(|(_, b)| b.phase == Phase::Free)
         .count();
     if listed != free_count {
         return Err(format!(
             "{listed} free-list entries for {free_count} free blocks"
         ));
     }
-    let allocated_count = st.blocks.iter().filter(|(_, b)| b.allocated).count();
+    let allocated_count = st.blocks.iter().filter(|(_, b)| b.is_allocated()).count();
     if ptrs.len() != allocated_count {
         return Err(format!(
             "pointer map has {} entries for {allocated_count} allocated blocks",
@@ -197,7 +204,11 @@ pub(super) fn check(st: &State) -> Result<(), String> {
         ));
     }
     let hot_count: usize = st.pools.values().map(|p| p.hot.len()).sum();
-    let hot_blocks = st.blocks.iter().filter(|(_, b)| b.hot).count();
+    let hot_blocks = st
+        .blocks
+        .iter()
+        .filter(|(_, b)| b.phase == Phase::Hot)
+        .count();
     if hot_count != hot_blocks {
         return Err(format!(
             "{hot_count} hot-cache entries for {hot_blocks} hot blocks"
@@ -207,29 +218,25 @@ pub(super) fn check(st: &State) -> Result<(), String> {
     // Event counts equal queued events plus parked frees.
     let mut tokens: HashMap<BlockId, u32> = HashMap::new();
     let mut queued_events = Vec::new();
-    for (_, ev, id) in st.pending.iter() {
+    for (_, ev, id) in st.waits.pending.iter() {
         *tokens.entry(id).or_default() += 1;
         queued_events.push(ev);
     }
-    for &id in st.parked.iter().chain(&st.deferred) {
+    for &id in st.waits.parked.iter().chain(&st.capture.deferred) {
         *tokens.entry(id).or_default() += 1;
     }
     for (id, b) in st.blocks.iter() {
         let want = tokens.get(&id).copied().unwrap_or(0);
-        if b.event_count != want {
+        if b.waits() != want {
             return Err(format!(
-                "block {id}: event_count {} but {want} outstanding",
-                b.event_count
-            ));
-        }
-        if b.event_count > 0 && b.allocated {
-            return Err(format!(
-                "block {id}: allocated while events are outstanding"
+                "block {id}: awaits {} but {want} outstanding",
+                b.waits()
             ));
         }
         check_lending(st, id, b)?;
     }
     if let Some(ev) = st
+        .waits
         .events
         .idle_events()
         .iter()
@@ -239,6 +246,7 @@ pub(super) fn check(st: &State) -> Result<(), String> {
     }
 
     if let Some((id, _)) = st
+        .lending
         .dirty
         .iter()
         .find(|&(id, _)| !st.blocks.get(id).is_some_and(|b| b.dirty))
@@ -248,13 +256,13 @@ pub(super) fn check(st: &State) -> Result<(), String> {
         ));
     }
     check_vm(st)?;
-    if reserved != st.reserved {
+    if reserved != st.acct.reserved {
         return Err(format!(
             "reserved {} but segments sum to {reserved}",
-            st.reserved
+            st.acct.reserved
         ));
     }
-    let s = &st.stats;
+    let s = &st.acct.stats;
     compare("allocation", &s.allocation, &rc.allocation)?;
     compare("allocated_bytes", &s.allocated_bytes, &rc.allocated_bytes)?;
     compare("active", &s.active, &rc.active)?;
@@ -274,14 +282,14 @@ pub(super) fn check(st: &State) -> Result<(), String> {
 /// Lending marks: a borrower only on an allocated block and not its own stream; dirty
 /// flags exactly on blocks with marks, never allocated, never marked with their own
 /// stream, with an epoch the shard's fences handed out.
-fn check_lending(st: &State, id: BlockId, b: &Block) -> Result<(), String> {
-    if b.lent && (!b.allocated || b.stream_uses.first().is_none_or(|&s| s == b.stream)) {
+fn check_lending(st: &ShardState, id: BlockId, b: &Block) -> Result<(), String> {
+    if b.phase == Phase::Lent && b.stream_uses.first().is_none_or(|&s| s == b.stream) {
         return Err(format!(
             "block {id}: lent but not to another stream's caller"
         ));
     }
-    let marks = st.dirty.get(id);
-    if b.dirty == marks.is_empty() || (b.dirty && b.allocated) {
+    let marks = st.lending.dirty.get(id);
+    if b.dirty == marks.is_empty() || (b.dirty && b.is_allocated()) {
         return Err(format!(
             "block {id}: dirty flag {} with {} marks",
             b.dirty,
@@ -289,19 +297,20 @@ fn check_lending(st: &State, id: BlockId, b: &Block) -> Result<(), String> {
         ));
     }
     for &(s, epoch) in marks {
-        if s == b.stream || (epoch != UNFENCED && epoch > st.fences.epoch()) {
+        if s == b.stream || (epoch != UNFENCED && epoch > st.lending.fences.epoch()) {
             return Err(format!("block {id}: bad dirty mark ({s:?}, {epoch})"));
         }
     }
     Ok(())
 }
 
-fn check_vm(st: &State) -> Result<(), String> {
+fn check_vm(st: &ShardState) -> Result<(), String> {
     let mut covered: HashMap<usize, usize> = HashMap::new();
-    for (id, b) in st.blocks.iter().filter(|(_, b)| b.vm != 0) {
+    for (id, b) in st.blocks.iter() {
+        let Some(vm) = b.vm else { continue };
         let seg = st
             .vm
-            .get(b.vm as usize - 1)
+            .get(vm.index())
             .ok_or(format!("block {id} names a missing expandable segment"))?;
         if (b.stream, b.pool, b.kind) != (seg.stream, seg.pool, seg.kind) {
             return Err(format!(
@@ -335,7 +344,7 @@ fn check_vm(st: &State) -> Result<(), String> {
         if b.next.is_none() && (b.ptr + b.size - seg.base) % seg.page != 0 {
             return Err(format!("run tail {id} does not end on a page boundary"));
         }
-        *covered.entry(b.vm as usize - 1).or_default() += b.size;
+        *covered.entry(vm.index()).or_default() += b.size;
     }
     for (i, seg) in st.vm.iter() {
         let mapped = seg.mapped();

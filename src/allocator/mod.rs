@@ -17,12 +17,18 @@
 //! this thread's last allocation, else searches the shards. Device calls are made with
 //! the shard's mutex held, as PyTorch does by default; the last-resort cache release
 //! takes the other shards' mutexes one at a time with its own released.
+//!
+//! Layout: `shards.rs` the stream → shard table (boxed shards, found without a lock);
+//! `shared.rs` what the shards share (the device context: device, index, settings,
+//! profiler markers; device-wide counters); `shard/` one stream's shard state, one file
+//! per concern (the ladder above is `shard/ladder.rs`); `oom.rs` torch_npu's
+//! out-of-memory message; `invariants.rs` the checker that recounts a shard.
 
 mod invariants;
 mod oom;
+mod shard;
 mod shards;
 mod shared;
-mod state;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -30,17 +36,17 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 
 use crate::config::Config;
-use crate::device::{Device, DeviceIndex, DevicePtr, StreamHandle};
+use crate::device::{Device, DeviceIndex, DevicePtr, MempoolId, StreamHandle};
 use crate::error::Error;
 use crate::pool::BlockId;
 use crate::profiling::Mstx;
 use crate::stats::{DeviceStats, Stat, StatArray};
+use shard::{NoPeers, Peers, ShardState};
 use shards::{Shard, ShardTable};
 use shared::Shared;
-use state::{NoPeers, Peers, State};
 
+pub use crate::snapshot::{BlockInfo, BlockState, SegmentInfo};
 pub use shards::MAX_STREAMS;
-pub use state::{BlockInfo, BlockState, SegmentInfo};
 
 /// Current memory use of one allocator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,7 +78,6 @@ pub struct CachingAllocator {
     device: Arc<dyn Device>,
     index: DeviceIndex,
     shared: Arc<Shared>,
-    markers: RwLock<Arc<Mstx>>,
     shards: ShardTable,
     /// Distinguishes allocators in the per-thread hint.
     id: u64,
@@ -123,10 +128,9 @@ impl CachingAllocator {
             }
         }
         Ok(CachingAllocator {
-            device,
+            device: device.clone(),
             index: index as DeviceIndex,
-            shared: Arc::new(Shared::new(config, padding)),
-            markers: RwLock::new(Mstx::global()),
+            shared: Arc::new(Shared::new(device, index as DeviceIndex, config, padding)),
             shards: ShardTable::new(),
             id: {
                 static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -137,11 +141,13 @@ impl CachingAllocator {
     }
 
     /// Uses `markers` for profiler ranges instead of the process-wide mstx library.
-    pub fn with_markers(self, markers: Arc<Mstx>) -> Self {
-        for s in self.shards.all() {
-            s.state.lock().markers = markers.clone();
+    /// Call it before the first allocation: shards already created keep the markers they
+    /// were created with.
+    pub fn with_markers(mut self, markers: Arc<Mstx>) -> Self {
+        match Arc::get_mut(&mut self.shared) {
+            Some(shared) => shared.markers = markers,
+            None => log::warn!("with_markers after the first allocation is ignored"),
         }
-        *self.markers.write() = markers;
         self
     }
 
@@ -161,9 +167,8 @@ impl CachingAllocator {
             return Ok(found);
         }
         self.device.check_stream(self.index, stream)?;
-        let markers = self.markers.read().clone();
         self.shards
-            .get_or_insert(stream, || State::new(stream, self.shared.clone(), markers))
+            .get_or_insert(stream, || ShardState::new(stream, self.shared.clone()))
             .ok_or_else(|| {
                 Error::InvalidState(format!(
                     "device {} already serves {MAX_STREAMS} streams",
@@ -186,7 +191,7 @@ impl CachingAllocator {
     }
 
     /// Runs `f` on `shard`'s locked state, then publishes its count of waiting frees.
-    fn with_shard<T>(&self, shard: &Shard, f: impl FnOnce(&mut State) -> T) -> T {
+    fn with_shard<T>(&self, shard: &Shard, f: impl FnOnce(&mut ShardState) -> T) -> T {
         let mut st = shard.state.lock();
         let out = f(&mut st);
         self.set_pending(shard, st.pending_count());
@@ -198,7 +203,7 @@ impl CachingAllocator {
     fn for_other_shards<E>(
         &self,
         stream: StreamHandle,
-        mut f: impl FnMut(&mut State) -> Result<(), E>,
+        mut f: impl FnMut(&mut ShardState) -> Result<(), E>,
     ) -> Result<(), E> {
         for other in self.shards.all() {
             if other.stream != stream {
@@ -213,7 +218,7 @@ impl CachingAllocator {
         for (si, s) in self.shards.iter() {
             if si != own && s.pending.load(Ordering::Relaxed) > 0 {
                 if let Some(mut st) = s.state.try_lock() {
-                    st.process_events(&*self.device, self.index);
+                    st.process_events();
                     self.set_pending(s, st.pending_count());
                 }
             }
@@ -226,7 +231,6 @@ impl CachingAllocator {
             return Err(Error::ZeroSize);
         }
         let (si, shard) = self.shard(stream)?;
-        let dev = &*self.device;
         // Every malloc polls every stream's pending frees (others' only when they have some).
         if self.shared.pending_total.load(Ordering::Relaxed)
             > shard.pending.load(Ordering::Relaxed) as isize
@@ -239,7 +243,7 @@ impl CachingAllocator {
                 table: &self.shards,
                 own: stream,
             };
-            let found = st.malloc(dev, self.index, size, stream, false, &peers);
+            let found = st.malloc(size, false, &peers);
             self.set_pending(shard, st.pending_count());
             match found {
                 Ok(Some(ptr)) => {
@@ -257,12 +261,10 @@ impl CachingAllocator {
         // Only the other streams' caches can help: release them one shard at a time
         // (never holding two shard locks), then try once more.
         let _ = self.for_other_shards(stream, |st| {
-            let _ = st.release_cached_blocks(dev, self.index);
+            let _ = st.release_cached_blocks();
             Ok::<(), Error>(())
         });
-        let found = self.with_shard(shard, |st| {
-            st.malloc(dev, self.index, size, stream, true, &NoPeers)
-        });
+        let found = self.with_shard(shard, |st| st.malloc(size, true, &NoPeers));
         let ptr = found
             .map_err(|e| self.malloc_failed(e, size))?
             .expect("the last attempt either allocates or reports out of memory");
@@ -275,13 +277,9 @@ impl CachingAllocator {
     /// routed, the stream's allocations never reuse its own pool's memory and vice
     /// versa, event polling on the stream is skipped, and frees of blocks used on other
     /// streams record their events only when routing ends.
-    pub fn begin_allocate_to_pool(
-        &self,
-        id: (u64, u64),
-        stream: StreamHandle,
-    ) -> Result<(), Error> {
+    pub fn begin_allocate_to_pool(&self, id: MempoolId, stream: StreamHandle) -> Result<(), Error> {
         let (_, shard) = self.shard(stream)?;
-        let already = shard.state.lock().capturing.is_some();
+        let already = shard.state.lock().capture.capturing.is_some();
         if already {
             // Refused (one pool at a time); the stream's capture flag stays as it is.
             return shard.state.lock().begin_allocate_to_pool(id);
@@ -302,17 +300,15 @@ impl CachingAllocator {
     }
 
     fn settle_fences_on(&self, stream: StreamHandle) -> Result<(), Error> {
-        self.for_other_shards(stream, |st| {
-            st.settle_fences_on(&*self.device, self.index, stream)
-        })
+        self.for_other_shards(stream, |st| st.settle_fences_on(stream))
     }
 
     /// Stops routing to private pool `id` (PyTorch's `endAllocateToPool`).
-    pub fn end_allocate_to_pool(&self, id: (u64, u64)) -> Result<(), Error> {
+    pub fn end_allocate_to_pool(&self, id: MempoolId) -> Result<(), Error> {
         for shard in self.shards.all() {
             let mut st = shard.state.lock();
             if st.is_capturing_to(id) {
-                st.end_allocate_to_pool(&*self.device, self.index);
+                st.end_allocate_to_pool();
                 self.set_pending(shard, st.pending_count());
                 self.shared.set_capturing(shard.stream, false);
                 return Ok(());
@@ -325,7 +321,7 @@ impl CachingAllocator {
 
     /// Drops one use of private pool `id` (PyTorch's `releasePool`); once unused, its
     /// cached memory goes back to the device at the next cache release.
-    pub fn release_pool(&self, id: (u64, u64)) -> Result<(), Error> {
+    pub fn release_pool(&self, id: MempoolId) -> Result<(), Error> {
         let mut found = false;
         for shard in self.shards.all() {
             found |= shard.state.lock().release_pool(id);
@@ -396,7 +392,7 @@ impl CachingAllocator {
             let Some(id) = st.ptrs.remove(&ptr) else {
                 return false;
             };
-            st.free(&*self.device, self.index, id);
+            st.free(id);
             self.set_pending(shard, st.pending_count());
             true
         };
@@ -424,7 +420,7 @@ impl CachingAllocator {
         &self,
         ptr: DevicePtr,
         stream: Option<StreamHandle>,
-        f: impl FnOnce(&Shard, &mut State, BlockId) -> T,
+        f: impl FnOnce(&Shard, &mut ShardState, BlockId) -> T,
     ) -> Option<T> {
         let mut f = Some(f);
         let mut tried = [u32::MAX; 2];
@@ -459,10 +455,8 @@ impl CachingAllocator {
     /// Marks `ptr` as used on `stream` (a no-op for the block's own stream).
     pub fn record_stream(&self, ptr: DevicePtr, stream: StreamHandle) -> Result<(), Error> {
         let unknown = Error::UnknownPointer { ptr };
-        self.with_owner(ptr, None, |_, st, id| {
-            st.record_stream(&*self.device, self.index, id, ptr, stream)
-        })
-        .unwrap_or(Err(unknown))
+        self.with_owner(ptr, None, |_, st, id| st.record_stream(id, ptr, stream))
+            .unwrap_or(Err(unknown))
     }
 
     /// Forgets a use of `ptr` on `stream` recorded earlier (torch_npu's `erase_stream`).
@@ -489,7 +483,7 @@ impl CachingAllocator {
     pub fn empty_cache(&self) -> Result<(), Error> {
         let mut result = Ok(());
         for s in self.shards.all() {
-            let emptied = self.with_shard(s, |st| st.empty_cache(&*self.device, self.index));
+            let emptied = self.with_shard(s, |st| st.empty_cache());
             result = result.and(emptied);
         }
         result
@@ -538,7 +532,7 @@ impl CachingAllocator {
     /// Sets every peak statistic to its current value.
     pub fn reset_peak_stats(&self) {
         for s in self.shards.all() {
-            s.state.lock().stats.reset_peak();
+            s.state.lock().acct.stats.reset_peak();
         }
         self.shared
             .reserved_peak
@@ -548,7 +542,7 @@ impl CachingAllocator {
     /// Zeroes the accumulated (`allocated`/`freed`) statistics and counters.
     pub fn reset_accumulated_stats(&self) {
         for s in self.shards.all() {
-            s.state.lock().stats.reset_accumulated();
+            s.state.lock().acct.stats.reset_accumulated();
         }
     }
 
@@ -575,7 +569,7 @@ impl CachingAllocator {
             .shards
             .all()
             .iter()
-            .map(|s| s.state.lock().stats.allocated_bytes[0].current.max(0) as usize)
+            .map(|s| s.state.lock().acct.stats.allocated_bytes[0].current.max(0) as usize)
             .sum();
         Usage {
             allocated,
@@ -595,7 +589,7 @@ impl CachingAllocator {
     pub fn event_counts(&self) -> (u64, usize) {
         self.shards.all().iter().fold((0, 0), |(c, i), s| {
             let st = s.state.lock();
-            (c + st.events.created(), i + st.events.idle())
+            (c + st.waits.events.created(), i + st.waits.events.idle())
         })
     }
 
@@ -609,7 +603,7 @@ impl CachingAllocator {
             if let Some(p) = st.ptrs.keys().find(|&&p| !seen.insert(p)) {
                 return Err(format!("pointer {p:#x} is live in two shards"));
             }
-            reserved += st.reserved;
+            reserved += st.acct.reserved;
             if s.pending.load(Ordering::Relaxed) != st.pending_count() {
                 return Err(format!("shard {:?}: pending counter is stale", s.stream));
             }
@@ -631,7 +625,7 @@ struct OtherShards<'a> {
 }
 
 impl Peers for OtherShards<'_> {
-    fn visit(&self, f: &mut dyn FnMut(&mut State) -> bool) {
+    fn visit(&self, f: &mut dyn FnMut(&mut ShardState) -> bool) {
         for s in self.table.all() {
             if s.stream == self.own {
                 continue;
@@ -708,5 +702,15 @@ impl Drop for CachingAllocator {
     fn drop(&mut self) {
         // Best effort: live allocations stay with their owners; everything cached goes back.
         let _ = self.empty_cache();
+    }
+}
+
+impl crate::snapshot::SegmentSource for CachingAllocator {
+    fn device_index(&self) -> DeviceIndex {
+        self.index
+    }
+
+    fn segments(&self) -> Vec<SegmentInfo> {
+        CachingAllocator::segments(self)
     }
 }

@@ -4,13 +4,16 @@
 //! Open addressing over a fixed number of slots. A slot's key is `stream + 1` (0 means
 //! empty); a key, once claimed, never changes, and its shard is published once through
 //! a `OnceLock`. Readers only load keys and wait for the shard of a claimed key.
+//!
+//! Shards are boxed: an empty table is its keys, slot pointers and creation order
+//! (about 28 bytes per slot, ~112 KiB for 4,096 slots), not 4,096 inline shard states.
 
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 use parking_lot::Mutex;
 
-use super::state::State;
+use super::shard::ShardState;
 use crate::device::StreamHandle;
 
 /// Most streams one device's allocator serves.
@@ -19,14 +22,14 @@ pub const MAX_STREAMS: usize = 4096;
 /// One stream's allocator state.
 pub(crate) struct Shard {
     pub stream: StreamHandle,
-    pub state: Mutex<State>,
+    pub state: Mutex<ShardState>,
     /// Frees of this shard waiting for events (so others can skip polling it).
     pub pending: AtomicUsize,
 }
 
 pub(crate) struct ShardTable {
     keys: Box<[AtomicUsize]>,
-    slots: Box<[OnceLock<Shard>]>,
+    slots: Box<[OnceLock<Box<Shard>>]>,
     /// Slot indices in creation order (`u32::MAX` until written), for lock-free iteration.
     order: Box<[AtomicU32]>,
     count: AtomicUsize,
@@ -68,7 +71,7 @@ impl ShardTable {
     pub fn get_or_insert(
         &self,
         stream: StreamHandle,
-        make: impl FnOnce() -> State,
+        make: impl FnOnce() -> ShardState,
     ) -> Option<(u32, &Shard)> {
         let key = stream.0.wrapping_add(1);
         let mut i = hash(stream) % MAX_STREAMS;
@@ -80,12 +83,12 @@ impl ShardTable {
                         state: Mutex::new(make()),
                         pending: AtomicUsize::new(0),
                     };
-                    let _ = self.slots[i].set(shard);
+                    let _ = self.slots[i].set(Box::new(shard));
                     let n = self.count.fetch_add(1, Ordering::AcqRel);
                     self.order[n].store(i as u32, Ordering::Release);
                     return Some((i as u32, self.slots[i].wait()));
                 }
-                Err(k) if k == key => return Some((i as u32, self.slots[i].wait())),
+                Err(k) if k == key => return Some((i as u32, self.slot(i))),
                 Err(_) => i = (i + 1) % MAX_STREAMS,
             }
         }
@@ -115,12 +118,27 @@ impl ShardTable {
             if i == u32::MAX {
                 return None;
             }
-            self.slots[i as usize].get().map(|s| (i, s))
+            self.slots[i as usize].get().map(|s| (i, &**s))
         })
     }
 
     /// Every shard, in creation order.
     pub fn all(&self) -> Vec<&Shard> {
         self.iter().map(|(_, s)| s).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_table_holds_no_shard_state() {
+        // Each slot is a pointer-sized cell, not a shard (which is over a kilobyte).
+        assert!(std::mem::size_of::<OnceLock<Box<Shard>>>() <= 16);
+        assert!(std::mem::size_of::<Shard>() > 1000);
+        let t = ShardTable::new();
+        assert_eq!(t.iter().count(), 0);
+        assert!(t.get(StreamHandle::DEFAULT).is_none());
     }
 }

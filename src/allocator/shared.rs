@@ -7,13 +7,21 @@ use std::sync::atomic::{AtomicIsize, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
+use std::sync::Arc;
+
 use crate::config::Config;
-use crate::device::StreamHandle;
+use crate::device::{Device, DeviceIndex, StreamHandle};
+use crate::profiling::Mstx;
 
 /// Device-wide state of one allocator.
-#[derive(Debug)]
 pub(crate) struct Shared {
+    /// The device every shard allocates on.
+    pub device: Arc<dyn Device>,
+    /// Its index.
+    pub index: DeviceIndex,
     pub config: Config,
+    /// Profiler markers around the slow paths.
+    pub markers: Arc<Mstx>,
     /// Bytes the device adds to each request before rounding.
     pub padding: usize,
     /// Device bytes held by all shards.
@@ -34,9 +42,17 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub fn new(config: Config, padding: usize) -> Self {
+    pub fn new(
+        device: Arc<dyn Device>,
+        index: DeviceIndex,
+        config: Config,
+        padding: usize,
+    ) -> Self {
         Shared {
+            device,
+            index,
             config,
+            markers: Mstx::global(),
             padding,
             reserved: AtomicUsize::new(0),
             hwm: AtomicUsize::new(0),

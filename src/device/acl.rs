@@ -22,10 +22,10 @@ use std::ffi::{c_char, c_int, c_void, CStr};
 
 use libloading::Library;
 
-use super::loader::{self, Candidate};
 use super::{
     Device, DeviceError, DeviceIndex, DevicePtr, EventHandle, MemInfo, PhysHandle, StreamHandle,
 };
+use crate::loader::{self, Candidate};
 
 type AclError = c_int;
 type Ptr = *mut c_void;

@@ -15,10 +15,10 @@ use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 
 use libloading::Library;
 
-use super::loader;
 use super::{
     Device, DeviceError, DeviceIndex, DevicePtr, EventHandle, MemInfo, PhysHandle, StreamHandle,
 };
+use crate::loader;
 
 type CudaError = c_int;
 type Ptr = *mut c_void;

@@ -9,45 +9,9 @@
 
 pub mod acl;
 pub mod cuda;
-pub(crate) mod loader;
 pub mod sim;
 
-use std::fmt;
-
-/// Index of a device as the runtime numbers them (0-based).
-pub type DeviceIndex = usize;
-
-/// A device address.
-pub type DevicePtr = usize;
-
-/// A stream handle: the runtime's stream pointer as an integer; `0` is the default stream.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
-pub struct StreamHandle(pub usize);
-
-impl StreamHandle {
-    /// The device's default stream.
-    pub const DEFAULT: StreamHandle = StreamHandle(0);
-}
-
-impl fmt::Debug for StreamHandle {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "stream {:#x}", self.0)
-    }
-}
-
-impl fmt::Display for StreamHandle {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(self, f)
-    }
-}
-
-/// An event handle: the runtime's event pointer as an integer.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-pub struct EventHandle(pub usize);
-
-/// Physical memory mapped into a reserved address range (the runtime's handle).
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-pub struct PhysHandle(pub usize);
+pub use crate::handle::{DeviceIndex, DevicePtr, EventHandle, MempoolId, PhysHandle, StreamHandle};
 
 /// Free and total memory of a device, in bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

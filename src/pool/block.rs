@@ -7,20 +7,22 @@
 //! - the blocks of a segment tile it exactly: `b.ptr + b.size == next.ptr`, and the
 //!   links are symmetric;
 //! - a segment's blocks share its stream and pool kind;
-//! - a block is *free* (`!allocated && event_count == 0`) exactly when it sits in its
-//!   stream's free list or, marked `hot`, in its stream's hot cache; no two free blocks
-//!   outside the hot cache are neighbours;
-//! - blocks of an expandable segment (`vm != 0`) cover mapped pages only;
-//! - `stream_uses` never contains the block's own stream, and is empty unless allocated;
-//! - `lent` (handed to a caller on another stream, the borrower) is set only while
-//!   allocated, and the borrower is then `stream_uses[0]`;
+//! - a block is in one [`Phase`]: allocated, lent, awaiting events, free or hot; it is
+//!   *free* (`Free` or `Hot`) exactly when it sits in its stream's free list (`Free`) or
+//!   its stream's hot cache (`Hot`); no two `Free` blocks are neighbours;
+//! - blocks of an expandable segment (`vm` is `Some`) cover mapped pages only;
+//! - `stream_uses` never contains the block's own stream, and is empty unless allocated
+//!   (or a free deferred during a capture);
+//! - a `Lent` block was handed to a caller on another stream (the borrower), which is
+//!   `stream_uses[0]`;
 //! - `dirty` (streams it was lent to may still have work on it queued: the marks are in
 //!   the shard's `crate::stream::DirtyMarks`) is set exactly when the block has marks,
-//!   never while allocated, and keeps a block out of the hot cache.
+//!   only while awaiting events or free, and keeps a block out of the hot cache.
 
 use smallvec::SmallVec;
 
-use crate::device::{DevicePtr, StreamHandle};
+use super::{PoolTag, VmId};
+use crate::handle::{DevicePtr, StreamHandle};
 use crate::stats::StatType;
 
 /// Index of a block in the arena.
@@ -54,6 +56,23 @@ impl PoolKind {
     }
 }
 
+/// What a block is doing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Handed out to a caller on the block's own stream.
+    Allocated,
+    /// Handed out to a caller on another stream (the borrower, `stream_uses[0]`).
+    Lent,
+    /// Freed by its caller; reusable once this many waits end: events recorded on the
+    /// streams it was used on, or frees parked (until a synchronisation) or deferred
+    /// (until a capture ends).
+    Awaiting(u32),
+    /// Reusable, in its free list.
+    Free,
+    /// Reusable, parked unmerged in its stream's hot cache.
+    Hot,
+}
+
 /// One block of device memory.
 #[derive(Clone, Debug)]
 pub struct Block {
@@ -67,32 +86,27 @@ pub struct Block {
     pub stream: StreamHandle,
     /// Pool the segment belongs to.
     pub kind: PoolKind,
-    /// Handed out to a caller and not yet freed.
-    pub allocated: bool,
+    /// What it is doing.
+    pub phase: Phase,
     /// Previous block of the same segment.
     pub prev: Option<BlockId>,
     /// Next block of the same segment.
     pub next: Option<BlockId>,
     /// Other streams that used the block (from `record_stream`).
     pub stream_uses: SmallVec<[StreamHandle; 2]>,
-    /// Outstanding events (or parked frees) that must complete before reuse.
-    pub event_count: u32,
     /// Value of the GC call counter when the block became free.
     pub gc_count_base: u64,
     /// Value of the allocator's malloc counter when the block became free.
     pub freed_at: u64,
     /// Index of the block's entry in its free-list bin (meaningful while free).
     pub bin_pos: u32,
-    /// Free, but parked in its stream's hot cache instead of the free lists (not merged).
-    pub hot: bool,
-    /// The pool of the block's segment: 0 for the stream's own, else a graph-private pool.
-    pub pool: u32,
-    /// The expandable segment holding the block: 0 for an ordinary device allocation,
-    /// else its index in the shard's segment table plus one.
-    pub vm: u32,
-    /// Handed to a caller on another stream (the borrower, `stream_uses[0]`).
-    pub lent: bool,
-    /// Free, but streams it was lent to may still have work on it queued; whoever
+    /// The pool of the block's segment: `None` for the stream's own, else a
+    /// graph-private pool.
+    pub pool: PoolTag,
+    /// The expandable segment holding the block (its index in the shard's segment
+    /// table); `None` for an ordinary device allocation.
+    pub vm: Option<VmId>,
+    /// Free or awaiting events, but streams it was lent to may still have work on it queued; whoever
     /// takes it first waits on the device for them (see `crate::stream::fences`).
     pub dirty: bool,
 }
@@ -106,18 +120,15 @@ impl Block {
             requested: 0,
             stream,
             kind,
-            allocated: false,
+            phase: Phase::Free,
             prev: None,
             next: None,
             stream_uses: SmallVec::new(),
-            event_count: 0,
             gc_count_base: 0,
             freed_at: 0,
             bin_pos: 0,
-            hot: false,
-            pool: 0,
-            vm: 0,
-            lent: false,
+            pool: None,
+            vm: None,
             dirty: false,
         }
     }
@@ -134,7 +145,7 @@ impl Block {
 
     /// The stream of the caller it is lent to, while lent.
     pub fn borrower(&self) -> Option<StreamHandle> {
-        self.lent.then(|| self.stream_uses[0])
+        (self.phase == Phase::Lent).then(|| self.stream_uses[0])
     }
 
     /// Part of a segment that has been split.
@@ -143,7 +154,40 @@ impl Block {
     }
 
     /// Neither handed out nor waiting for events: reusable.
+    #[inline]
     pub fn is_free(&self) -> bool {
-        !self.allocated && self.event_count == 0
+        matches!(self.phase, Phase::Free | Phase::Hot)
+    }
+
+    /// Handed out to a caller (of this stream or, lent, of another).
+    #[inline]
+    pub fn is_allocated(&self) -> bool {
+        matches!(self.phase, Phase::Allocated | Phase::Lent)
+    }
+
+    /// Waits that must end before reuse (0 unless awaiting).
+    pub fn waits(&self) -> u32 {
+        match self.phase {
+            Phase::Awaiting(n) => n,
+            _ => 0,
+        }
+    }
+
+    /// One more wait before reuse (the block was just freed, or already awaits).
+    pub fn add_wait(&mut self) {
+        self.phase = Phase::Awaiting(self.waits() + 1);
+    }
+
+    /// One wait ended; returns whether it was the last (the block is then `Free`, but
+    /// not yet in a free list).
+    pub fn end_wait(&mut self) -> bool {
+        let n = self.waits();
+        debug_assert!(n > 0, "no wait to end");
+        self.phase = if n <= 1 {
+            Phase::Free
+        } else {
+            Phase::Awaiting(n - 1)
+        };
+        n <= 1
     }
 }

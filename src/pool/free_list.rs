@@ -12,10 +12,13 @@
 //! `bin_pos` is the entry's index in its bin; a bitmap bit is set exactly when its bin
 //! is non-empty.
 
+use std::num::NonZeroU32;
+
 use slab::Slab;
 
 use super::block::{Block, BlockId};
-use crate::device::{DevicePtr, StreamHandle};
+
+use crate::handle::DevicePtr;
 
 const SL_LOG2: u32 = 6;
 const SL: usize = 1 << SL_LOG2;
@@ -185,6 +188,7 @@ impl FreeList {
     }
 
     /// Number of free blocks.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.len
     }
@@ -231,39 +235,55 @@ impl StreamPools {
     }
 }
 
-/// Which pool a block's segment belongs to: 0 is the stream's own pool, others are
-/// graph-private pools (an index into the shard's private-pool table, plus one).
-pub type PoolTag = u32;
+/// Which pool a block's segment belongs to: `None` is the stream's own pool, `Some` a
+/// graph-private pool.
+pub type PoolTag = Option<PrivateTag>;
 
-/// Key of a free-list set: the stream and the pool.
-pub type PoolKey = (StreamHandle, PoolTag);
+/// A graph-private pool of a shard: an index in the shard's table of private pools
+/// (stored so that `Option<PrivateTag>` takes no more room, nor time to compare, than
+/// the index itself).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PrivateTag(NonZeroU32);
 
-/// The pools of a shard: in practice one or a few (a shard serves one stream), so a
-/// short vector searched linearly beats hashing.
+impl PrivateTag {
+    /// The tag of entry `index`.
+    pub fn new(index: usize) -> PrivateTag {
+        let n = u32::try_from(index + 1).expect("fewer than 2^32 private pools");
+        PrivateTag(NonZeroU32::new(n).expect("index + 1 is not zero"))
+    }
+
+    /// Its entry in the shard's table.
+    pub fn index(self) -> usize {
+        self.0.get() as usize - 1
+    }
+}
+
+/// The pools of a shard (which serves one stream), by pool tag: in practice one or a
+/// few, so a short vector searched linearly beats hashing.
 #[derive(Default, Debug)]
 pub struct StreamMap {
-    entries: Vec<(PoolKey, StreamPools)>,
+    entries: Vec<(PoolTag, StreamPools)>,
 }
 
 impl StreamMap {
-    /// The pools of `stream`.
+    /// The free lists of pool `key`.
     #[inline]
-    pub fn get(&self, key: &PoolKey) -> Option<&StreamPools> {
+    pub fn get(&self, key: &PoolTag) -> Option<&StreamPools> {
         self.entries.iter().find(|e| e.0 == *key).map(|e| &e.1)
     }
 
-    /// The pools of `stream`, mutably.
+    /// The free lists of pool `key`, mutably.
     #[inline]
-    pub fn get_mut(&mut self, key: &PoolKey) -> Option<&mut StreamPools> {
+    pub fn get_mut(&mut self, key: &PoolTag) -> Option<&mut StreamPools> {
         self.entries
             .iter_mut()
             .find(|e| e.0 == *key)
             .map(|e| &mut e.1)
     }
 
-    /// The pools of `stream`, created empty if needed.
+    /// The free lists of pool `key`, created empty if needed.
     #[inline]
-    pub fn get_or_default(&mut self, key: PoolKey) -> &mut StreamPools {
+    pub fn get_or_default(&mut self, key: PoolTag) -> &mut StreamPools {
         let i = match self.entries.iter().position(|e| e.0 == key) {
             Some(i) => i,
             None => {
@@ -284,13 +304,13 @@ impl StreamMap {
         self.entries.iter_mut().map(|e| &mut e.1)
     }
 
-    /// Every ((stream, pool), pools).
-    pub fn iter(&self) -> impl Iterator<Item = (&PoolKey, &StreamPools)> {
+    /// Every (pool tag, free lists).
+    pub fn iter(&self) -> impl Iterator<Item = (&PoolTag, &StreamPools)> {
         self.entries.iter().map(|e| (&e.0, &e.1))
     }
 
     /// Keeps the entries whose pools satisfy `keep`.
-    pub fn retain(&mut self, mut keep: impl FnMut(&PoolKey, &mut StreamPools) -> bool) {
+    pub fn retain(&mut self, mut keep: impl FnMut(&PoolTag, &mut StreamPools) -> bool) {
         self.entries.retain_mut(|e| keep(&e.0, &mut e.1));
     }
 }
@@ -298,6 +318,7 @@ impl StreamMap {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::handle::StreamHandle;
     use crate::pool::PoolKind;
 
     fn block(blocks: &mut Slab<Block>, size: usize, ptr: usize) -> BlockId {

@@ -6,7 +6,7 @@
 //! home slot with no empty slot in between (cyclically); `len` counts the keys; the
 //! table is at most 3/4 full.
 
-use crate::device::DevicePtr;
+use crate::handle::DevicePtr;
 
 use super::BlockId;
 
@@ -48,11 +48,6 @@ impl PtrTable {
     /// Number of entries.
     pub fn len(&self) -> usize {
         self.len
-    }
-
-    /// No entries.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 
     /// Maps `ptr` (non-zero) to `id`, replacing an earlier mapping.

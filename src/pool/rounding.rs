@@ -1,7 +1,5 @@
 //! Size rounding and segment sizing, with PyTorch's constants.
 
-use crate::config::Config;
-
 /// Smallest block and rounding unit.
 pub const MIN_BLOCK: usize = 512;
 /// Largest request served by the small pool.
@@ -40,14 +38,16 @@ fn next_division(size: usize, divisions: usize) -> Option<usize> {
 }
 
 /// The block size serving a request of `size` bytes; `None` if it cannot be represented.
-pub fn round_size(size: usize, config: &Config) -> Option<usize> {
+/// `divisions_for(size)`: the `roundup_power2_divisions` setting for that size
+/// (`Config::divisions_for`; 0 or 1 = none).
+pub fn round_size(size: usize, divisions_for: impl Fn(usize) -> usize) -> Option<usize> {
     if size > MAX_REQUEST {
         return None;
     }
     if size < MIN_BLOCK {
         return Some(MIN_BLOCK);
     }
-    let divisions = config.divisions_for(size);
+    let divisions = divisions_for(size);
     if divisions > 1 && size > MIN_BLOCK * divisions {
         next_division(size, divisions).and_then(|s| round_up(s, MIN_BLOCK))
     } else {
@@ -72,30 +72,29 @@ mod tests {
 
     #[test]
     fn rounds_like_pytorch() {
-        let c = Config::default();
-        assert_eq!(round_size(1, &c), Some(512));
-        assert_eq!(round_size(512, &c), Some(512));
-        assert_eq!(round_size(513, &c), Some(1024));
-        assert_eq!(round_size(3 << 20, &c), Some(3 << 20));
+        let c = |_| 0;
+        assert_eq!(round_size(1, c), Some(512));
+        assert_eq!(round_size(512, c), Some(512));
+        assert_eq!(round_size(513, c), Some(1024));
+        assert_eq!(round_size(3 << 20, c), Some(3 << 20));
     }
 
     #[test]
     fn power2_divisions_match_pytorch_example() {
-        let c = Config::parse("roundup_power2_divisions:4").unwrap();
+        let c = |_| 4;
         // PyTorch's own example of the division step; below 512 * divisions plain
         // 512-byte rounding applies.
         assert_eq!(next_division(1200, 4), Some(1280));
-        assert_eq!(round_size(1200, &c), Some(1536));
-        assert_eq!(round_size(5000, &c), Some(5120));
-        assert_eq!(round_size(4096, &c), Some(4096));
-        assert_eq!(round_size((1 << 20) + 1, &c), Some((1 << 20) + (1 << 18)));
+        assert_eq!(round_size(1200, c), Some(1536));
+        assert_eq!(round_size(5000, c), Some(5120));
+        assert_eq!(round_size(4096, c), Some(4096));
+        assert_eq!(round_size((1 << 20) + 1, c), Some((1 << 20) + (1 << 18)));
     }
 
     #[test]
     fn huge_sizes_do_not_overflow() {
-        let c = Config::parse("roundup_power2_divisions:8").unwrap();
-        assert_eq!(round_size(usize::MAX, &c), None);
-        assert_eq!(round_size(usize::MAX - 100, &Config::default()), None);
+        assert_eq!(round_size(usize::MAX, |_| 8), None);
+        assert_eq!(round_size(usize::MAX - 100, |_| 0), None);
         assert_eq!(allocation_size(usize::MAX - 5), None);
     }
 

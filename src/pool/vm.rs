@@ -8,9 +8,27 @@
 //!   mapped pages: each maximal run of mapped pages is one chain of blocks (a
 //!   "segment" in the statistics and snapshots), and no block covers an unmapped page.
 
-use crate::device::{DevicePtr, PhysHandle, StreamHandle};
+use crate::handle::{DevicePtr, PhysHandle, StreamHandle};
 
 use super::{PoolKind, PoolTag};
+
+/// An expandable segment of a shard: its index in the shard's segment table (stored so
+/// that `Option<VmId>` takes no more room than the index itself).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct VmId(std::num::NonZeroU32);
+
+impl VmId {
+    /// The id of entry `index`.
+    pub fn new(index: usize) -> VmId {
+        let n = u32::try_from(index + 1).expect("fewer than 2^32 expandable segments");
+        VmId(std::num::NonZeroU32::new(n).expect("index + 1 is not zero"))
+    }
+
+    /// Its entry in the shard's segment table.
+    pub fn index(self) -> usize {
+        self.0.get() as usize - 1
+    }
+}
 
 /// One expandable segment.
 #[derive(Debug)]
@@ -21,7 +39,7 @@ pub struct VmSegment {
     pub page: usize,
     /// Stream the segment serves.
     pub stream: StreamHandle,
-    /// Pool (0: the stream's own; else a graph-private pool).
+    /// Pool (`None`: the stream's own; else a graph-private pool).
     pub pool: PoolTag,
     /// Size class.
     pub kind: PoolKind,
@@ -90,7 +108,7 @@ mod tests {
             1 << 21,
             8,
             StreamHandle::DEFAULT,
-            0,
+            None,
             PoolKind::Large,
         );
         let p = 1usize << 21;
@@ -105,7 +123,7 @@ mod tests {
     #[test]
     fn mapped_pages_are_counted_from_the_table() {
         let p = 1usize << 21;
-        let mut s = VmSegment::new(1 << 30, p, 8, StreamHandle::DEFAULT, 0, PoolKind::Large);
+        let mut s = VmSegment::new(1 << 30, p, 8, StreamHandle::DEFAULT, None, PoolKind::Large);
         s.pages[2] = Some(PhysHandle(1));
         s.pages[5] = Some(PhysHandle(2));
         assert_eq!(s.mapped(), 2);

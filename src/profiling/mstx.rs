@@ -16,9 +16,9 @@ use std::sync::{Arc, OnceLock};
 
 use libloading::Library;
 
-use crate::device::loader::{self, Candidate};
 use crate::device::{DeviceError, StreamHandle};
 use crate::error::Error;
+use crate::loader::{self, Candidate};
 
 /// Longest message accepted (MSPTI).
 pub const MAX_MESSAGE: usize = 255;

@@ -16,8 +16,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::allocator::SegmentInfo;
 use crate::device::sim::{SimConfig, SimDevice, SimMode};
+use crate::snapshot::SegmentInfo;
 use crate::trace::{Op, Trace};
 use crate::{CachingAllocator, Config, Error, StreamHandle};
 

@@ -4,7 +4,7 @@
 use std::fmt::Write;
 
 use super::{ReplayReport, Sample};
-use crate::allocator::{BlockState, SegmentInfo};
+use crate::snapshot::{BlockState, SegmentInfo};
 use crate::stats::format_size;
 
 const WIDTH: f64 = 1100.0;

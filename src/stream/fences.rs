@@ -76,11 +76,13 @@ impl DirtyMarks {
     }
 
     /// Number of blocks with marks.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.marks.len()
     }
 
     /// No block has marks.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.marks.is_empty()
     }
@@ -118,11 +120,6 @@ impl Fences {
     /// Whether a mark on `stream` from `epoch` is clear: its fence has completed.
     pub fn is_clear(&self, stream: StreamHandle, epoch: u64) -> bool {
         self.cleared.get(&stream).is_some_and(|&c| c >= epoch)
-    }
-
-    /// Fences not yet seen complete.
-    pub fn len(&self) -> usize {
-        self.queued.len()
     }
 
     /// No fence is outstanding.

@@ -4,9 +4,7 @@
 pub mod events;
 pub mod fences;
 pub mod pending;
-pub mod tagged;
 
 pub use events::EventPool;
 pub use fences::{DirtyMarks, Fences, UNFENCED};
 pub use pending::PendingFrees;
-pub use tagged::TagRegistry;

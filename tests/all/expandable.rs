@@ -209,7 +209,7 @@ fn graph_pools_get_their_own_expandable_segment() {
     let (sim, a) = expandable(1 << 30);
     let normal = a.malloc(4 * MIB, S0).unwrap();
     a.free(normal).unwrap();
-    const P: (u64, u64) = (3, 4);
+    const P: npualloc::MempoolId = npualloc::MempoolId(3, 4);
     a.begin_allocate_to_pool(P, S0).unwrap();
     let captured = a.malloc(4 * MIB, S0).unwrap();
     a.end_allocate_to_pool(P).unwrap();

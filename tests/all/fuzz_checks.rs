@@ -3,7 +3,6 @@
 //! promises: any input is accepted or refused with an error, never a panic, an
 //! overflow, a stack overflow or unbounded memory.
 
-use npualloc::pool::rounding::round_size;
 use npualloc::trace::{self, pickle, unpickle};
 use npualloc::Config;
 
@@ -55,7 +54,7 @@ pub fn config_input(data: &[u8]) {
     if let Ok(c) = Config::parse(text) {
         for shift in [0u32, 9, 20, 30, 36, 40, 47] {
             let size = (1usize << shift) + usize::from(k);
-            if let Some(r) = round_size(size, &c) {
+            if let Some(r) = c.block_size(size) {
                 assert!(r >= size);
             }
         }

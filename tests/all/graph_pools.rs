@@ -2,11 +2,11 @@
 //! captures sharing a pool, release, deferred events, statistics.
 
 use npualloc::allocator::BlockState;
-use npualloc::{Error, StreamHandle};
+use npualloc::{Error, MempoolId, StreamHandle};
 
 use crate::common::*;
 
-const P: (u64, u64) = (7, 0);
+const P: MempoolId = MempoolId(7, 0);
 
 #[test]
 fn capture_memory_and_normal_memory_never_mix() {
@@ -116,7 +116,7 @@ fn pool_calls_are_checked() {
     let (sim, a) = manual(1 << 30);
     let s = sim.create_stream(0).unwrap();
     assert!(matches!(
-        a.begin_allocate_to_pool((0, 0), s),
+        a.begin_allocate_to_pool(MempoolId(0, 0), s),
         Err(Error::InvalidArgument(_))
     ));
     assert!(matches!(
@@ -126,7 +126,7 @@ fn pool_calls_are_checked() {
     assert!(matches!(a.release_pool(P), Err(Error::InvalidArgument(_))));
     a.begin_allocate_to_pool(P, s).unwrap();
     assert!(matches!(
-        a.begin_allocate_to_pool((8, 0), s),
+        a.begin_allocate_to_pool(MempoolId(8, 0), s),
         Err(Error::InvalidState(_))
     ));
     a.end_allocate_to_pool(P).unwrap();

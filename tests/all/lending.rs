@@ -27,8 +27,8 @@ fn with_a_lent_block() -> (Arc<SimDevice>, CachingAllocator, StreamHandle, usize
 
 /// Ends the capture of the tests' pool (7, 7) and drops its use.
 fn end_capture(a: &CachingAllocator) {
-    a.end_allocate_to_pool((7, 7)).unwrap();
-    a.release_pool((7, 7)).unwrap();
+    a.end_allocate_to_pool(npualloc::MempoolId(7, 7)).unwrap();
+    a.release_pool(npualloc::MempoolId(7, 7)).unwrap();
 }
 
 /// A lending just happened: no device allocation, one event recorded on the lender
@@ -279,7 +279,8 @@ fn a_lent_block_is_ordered_after_the_lender_and_back_after_the_borrower() {
 #[test]
 fn no_event_is_recorded_on_a_capturing_borrower() {
     let (sim, a, s1, anchor, q) = with_a_lent_block();
-    a.begin_allocate_to_pool((7, 7), s1).unwrap();
+    a.begin_allocate_to_pool(npualloc::MempoolId(7, 7), s1)
+        .unwrap();
     let (records, queued) = (sim.counters(0).event_records, sim.pending(0, s1).unwrap());
     a.free(q).unwrap();
     assert_eq!(
@@ -303,7 +304,8 @@ fn a_capture_begins_only_after_fences_on_its_stream_completed() {
     let (sim, a, s1, anchor, q) = with_a_lent_block();
     sim.launch(0, s1, |_| {}).unwrap();
     a.free(q).unwrap(); // dirty on stream 1, fence queued behind the kernel
-    a.begin_allocate_to_pool((7, 7), s1).unwrap();
+    a.begin_allocate_to_pool(npualloc::MempoolId(7, 7), s1)
+        .unwrap();
     assert_eq!(
         sim.pending(0, s1).unwrap(),
         0,

@@ -17,8 +17,8 @@ mod lending;
 mod mstx;
 mod pickle;
 mod props;
+#[cfg(feature = "cli")]
 mod replay;
 mod soak;
 mod stress;
-mod tagged;
 mod zoo;

@@ -78,7 +78,7 @@ fn run(ops: Vec<Op>, conf: &str) -> Result<u64, TestCaseError> {
     // The last operation queued on stream `s`, and whether it has run.
     let queued = |s: usize| sim.position(0, streams[s]).unwrap().0;
     let ran = |s: usize, op: u64| sim.position(0, streams[s]).unwrap().1 >= op;
-    const POOL: (u64, u64) = (1, 1);
+    const POOL: npualloc::MempoolId = npualloc::MempoolId(1, 1);
     let mut capturing: Option<usize> = None; // the stream allocating to the pool
     let mut pool_uses = 0;
 

@@ -1,10 +1,12 @@
-//! Run-time loading of a runtime library and its symbols (never linked at build time).
+//! Run-time loading of a dynamic library and its symbols (never linked at build time),
+//! for the device backends (`device::acl`, `device::cuda`) and the profiler markers
+//! (`profiling::mstx`).
 
 use std::ffi::OsString;
 
 use libloading::Library;
 
-use super::DeviceError;
+use crate::device::DeviceError;
 
 /// Where a candidate library path came from, for error messages.
 pub(crate) struct Candidate {

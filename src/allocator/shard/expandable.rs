@@ -13,10 +13,11 @@
 //! Blocks of a segment tile its mapped pages; each maximal run of mapped pages is one
 //! chain of blocks, counted as one segment in statistics and snapshots.
 
-use super::{apply_net, State};
-use crate::device::{Device, DeviceIndex, DevicePtr, StreamHandle};
+use super::free_lists::apply_net;
+use super::ShardState;
+use crate::device::{DevicePtr, StreamHandle};
 use crate::error::Error;
-use crate::pool::{Block, BlockId, PoolKind, VmSegment};
+use crate::pool::{Block, BlockId, PoolKind, VmId, VmSegment};
 use crate::stats;
 
 /// Largest reservation (bytes) per segment, whatever the device reports.
@@ -49,26 +50,21 @@ struct Fit {
     right: Option<BlockId>,
 }
 
-impl State {
+impl ShardState {
     /// Reserves a new expandable segment for (`stream`, current pool, `kind`): 9/8 of
     /// device memory for the large pool (PyTorch's size), at most 2 GiB for the small
     /// one (torch_npu's cap); another is reserved when one fills up.
-    fn vm_reserve_segment(
-        &mut self,
-        dev: &dyn Device,
-        index: DeviceIndex,
-        stream: StreamHandle,
-        kind: PoolKind,
-    ) -> Result<usize, Error> {
+    fn vm_reserve_segment(&mut self, stream: StreamHandle, kind: PoolKind) -> Result<usize, Error> {
+        let index = self.index;
         // The page size was checked against the device's granularity at creation.
-        let page = self.config.page_size(kind);
-        let total = dev.mem_info(index)?.total;
+        let page = self.shared.config.page_size(kind);
+        let total = self.dev.mem_info(index)?.total;
         let cap = match kind {
             PoolKind::Small => SMALL_RESERVATION,
             PoolKind::Large => MAX_RESERVATION,
         };
         let pages = (total / 8 * 9).min(cap).div_ceil(page).max(1);
-        let base = dev.vm_reserve(index, pages * page)?;
+        let base = self.dev.vm_reserve(index, pages * page)?;
         let pool = self.route();
         Ok(self
             .vm
@@ -77,7 +73,7 @@ impl State {
 
     /// The runs of mapped pages of segment `seg`, in address order.
     fn vm_runs(&self, seg: usize) -> Vec<Run> {
-        let tag = seg as u32 + 1;
+        let tag = Some(VmId::new(seg));
         let (mut heads, mut tails) = (Vec::new(), Vec::new());
         for (id, b) in self.blocks.iter().filter(|(_, b)| b.vm == tag) {
             if b.prev.is_none() {
@@ -106,8 +102,6 @@ impl State {
     /// the memory fraction, or the reservation) is full.
     pub(super) fn vm_grow(
         &mut self,
-        dev: &dyn Device,
-        index: DeviceIndex,
         stream: StreamHandle,
         kind: PoolKind,
         rounded: usize,
@@ -132,14 +126,14 @@ impl State {
             Some(b) => b,
             None => {
                 // None yet, or every reservation is full.
-                let seg = self.vm_reserve_segment(dev, index, stream, kind)?;
+                let seg = self.vm_reserve_segment(stream, kind)?;
                 match self.vm_fit(seg, rounded) {
                     Some(fit) => (seg, fit),
                     None => return Ok(None), // larger than a whole reservation
                 }
             }
         };
-        self.vm_map_range(dev, index, seg, fit)
+        self.vm_map_range(seg, fit)
     }
 
     /// Where segment `seg` could map the fewest pages to hold a free block of `rounded`
@@ -196,13 +190,8 @@ impl State {
 
     /// Maps the pages of `fit` in segment `seg`, one mapping each, and hands back the
     /// free block they make with their free neighbours.
-    fn vm_map_range(
-        &mut self,
-        dev: &dyn Device,
-        index: DeviceIndex,
-        seg: usize,
-        fit: Fit,
-    ) -> Result<Option<BlockId>, Error> {
+    fn vm_map_range(&mut self, seg: usize, fit: Fit) -> Result<Option<BlockId>, Error> {
+        let index = self.index;
         let (page, first, stream, kind, pool) = {
             let s = &self.vm[seg];
             (s.page, (fit.at - s.base) / s.page, s.stream, s.kind, s.pool)
@@ -212,18 +201,18 @@ impl State {
         if !self.shared.try_reserve(bytes) {
             return Ok(None);
         }
-        let markers = self.markers.clone();
+        let markers = self.shared.markers.clone();
         let range = markers.range(|| format!("npualloc.map {bytes}B dev{index}"));
         // One mapping per page, as PyTorch and torch_npu: a free page can always go back
         // (mapping a whole grow at once was measured worse, benches/README.md).
         for i in 0..k {
-            match dev.vm_map(index, va + i * page, page) {
+            match self.dev.vm_map(index, va + i * page, page) {
                 Ok(h) => self.vm[seg].pages[first + i] = Some(h),
                 Err(e) => {
                     // Roll back what this call mapped.
                     for j in 0..i {
                         if let Some(h) = self.vm[seg].pages[first + j].take() {
-                            let _ = dev.vm_unmap(index, va + j * page, page, h);
+                            let _ = self.dev.vm_unmap(index, va + j * page, page, h);
                         }
                     }
                     self.shared.unreserve(bytes);
@@ -237,12 +226,12 @@ impl State {
         }
         drop(range);
         self.shared.note_reserved();
-        self.stats.num_device_alloc += k as i64;
+        self.acct.stats.num_device_alloc += k as i64;
 
         // Link the new pages to the runs they touch.
         let mut block = Block::segment(va, bytes, stream, kind);
         block.pool = pool;
-        block.vm = seg as u32 + 1;
+        block.vm = Some(VmId::new(seg));
         let touched: Vec<BlockId> = [fit.left, fit.right].into_iter().flatten().collect();
         self.count_split(&touched, false);
         let id = self.blocks.insert(block);
@@ -255,11 +244,11 @@ impl State {
             self.blocks[id].next = Some(r);
         }
         self.count_split(&touched, true);
-        self.reserved += bytes;
+        self.acct.reserved += bytes;
         let st = kind.stat_type();
-        stats::increase(&mut self.stats.reserved_bytes, st, bytes);
+        stats::increase(&mut self.acct.stats.reserved_bytes, st, bytes);
         let runs_delta = 1 - fit.left.is_some() as i64 - fit.right.is_some() as i64;
-        apply_net(&mut self.stats.segment, st, runs_delta);
+        apply_net(&mut self.acct.stats.segment, st, runs_delta);
         self.coalesce(id, false);
         self.pool_remove(id);
         Ok(Some(id))
@@ -273,23 +262,18 @@ impl State {
             if b.is_free() && b.is_split() {
                 let (st, size) = (b.kind.stat_type(), b.size as i64);
                 let sign = if add { 1 } else { -1 };
-                apply_net(&mut self.stats.inactive_split, st, sign);
-                apply_net(&mut self.stats.inactive_split_bytes, st, sign * size);
+                apply_net(&mut self.acct.stats.inactive_split, st, sign);
+                apply_net(&mut self.acct.stats.inactive_split_bytes, st, sign * size);
             }
         }
     }
 
     /// Unmaps whole pages of free block `id` (in its free list), from its end, until at
     /// least `want` bytes; returns the bytes. The caller has synchronised the stream.
-    fn vm_unmap_block(
-        &mut self,
-        dev: &dyn Device,
-        index: DeviceIndex,
-        id: BlockId,
-        want: usize,
-    ) -> Result<usize, Error> {
+    fn vm_unmap_block(&mut self, id: BlockId, want: usize) -> Result<usize, Error> {
+        let index = self.index;
         let b = &self.blocks[id];
-        let seg = b.vm as usize - 1;
+        let seg = b.vm.expect("a block of an expandable segment").index();
         let (ptr, size, prev, next, kind) = (b.ptr, b.size, b.prev, b.next, b.kind);
         let template = b.sibling(ptr, size);
         let page = self.vm[seg].page;
@@ -302,7 +286,7 @@ impl State {
         for i in from..from + n {
             let va = self.vm[seg].addr(i);
             let h = self.vm[seg].pages[i].expect("a block covers mapped pages only");
-            match dev.vm_unmap(index, va, page, h) {
+            match self.dev.vm_unmap(index, va, page, h) {
                 Ok(()) => {
                     self.vm[seg].pages[i] = None;
                     done += 1;
@@ -328,7 +312,7 @@ impl State {
             Some(id)
         } else {
             let b = self.blocks.remove(id);
-            self.dirty.take(id); // clear marks only (dirty blocks are not unmapped)
+            self.lending.dirty.take(id); // clear marks only (dirty blocks are not unmapped)
             if let Some(p) = b.prev {
                 self.blocks[p].next = None;
             }
@@ -359,40 +343,37 @@ impl State {
         let s = &self.vm[seg];
         let runs_delta =
             s.is_mapped_at(lo.wrapping_sub(page)) as i64 + s.is_mapped_at(hi) as i64 - 1;
-        self.reserved -= bytes;
+        self.acct.reserved -= bytes;
         self.shared.unreserve(bytes);
         let st = kind.stat_type();
-        stats::decrease(&mut self.stats.reserved_bytes, st, bytes);
-        apply_net(&mut self.stats.segment, st, runs_delta);
-        self.stats.num_device_free += done as i64;
+        stats::decrease(&mut self.acct.stats.reserved_bytes, st, bytes);
+        apply_net(&mut self.acct.stats.segment, st, runs_delta);
+        self.acct.stats.num_device_free += done as i64;
         failure.map_or(Ok(bytes), |e| Err(e.into()))
     }
 
     /// Unmaps whole free pages of blocks freed at least `min_idle` malloc calls ago, in
     /// releasable pools, largest first, until `want` bytes are unmapped; returns the bytes.
-    pub(super) fn vm_release_free(
-        &mut self,
-        dev: &dyn Device,
-        index: DeviceIndex,
-        want: usize,
-        min_idle: u64,
-    ) -> usize {
-        if self.vm.is_empty() || self.capturing.is_some() {
+    pub(super) fn vm_release_free(&mut self, want: usize, min_idle: u64) -> usize {
+        let index = self.index;
+        if self.vm.is_empty() || self.capture.capturing.is_some() {
             return 0;
         }
         let mut candidates: Vec<(usize, BlockId)> = self
             .pools
             .iter()
-            .filter(|((_, tag), _)| self.pool_releasable(*tag))
+            .filter(|(tag, _)| self.pool_releasable(**tag))
             .flat_map(|(_, p)| p.small.iter().chain(p.large.iter()))
             .filter(|&(_, _, id)| {
                 let b = &self.blocks[id];
                 // A dirty block's pages may still be used by its borrower: kept mapped.
-                b.vm != 0 && self.malloc_calls - b.freed_at >= min_idle && !self.is_dirty(id)
+                b.vm.is_some()
+                    && self.reclaim.malloc_calls - b.freed_at >= min_idle
+                    && !self.is_dirty(id)
             })
             .map(|(_, _, id)| {
                 let b = &self.blocks[id];
-                let s = &self.vm[b.vm as usize - 1];
+                let s = &self.vm[b.vm.expect("filtered on vm").index()];
                 (s.whole_pages(b.ptr, b.size).1 * s.page, id)
             })
             .filter(|&(bytes, _)| bytes > 0)
@@ -409,30 +390,30 @@ impl State {
             .collect();
         streams.sort_unstable();
         streams.dedup();
-        if dev.drain_before_free(index).is_err()
+        if self.dev.drain_before_free(index).is_err()
             || streams.iter().any(|&s| {
                 // An idle stream needs no wait (the host queue was drained above).
-                !dev.stream_query(index, s).unwrap_or(false)
-                    && dev.synchronize_stream(index, s).is_err()
+                !self.dev.stream_query(index, s).unwrap_or(false)
+                    && self.dev.synchronize_stream(index, s).is_err()
             })
         {
             return 0;
         }
-        let markers = self.markers.clone();
+        let markers = self.shared.markers.clone();
         let _range = markers.range(|| format!("npualloc.unmap dev{index}"));
         // A synchronisation is paid anyway: take a little more than asked, so the next
         // growth does not need another one at once.
         let want = if want == usize::MAX {
             want
         } else {
-            want.max(self.reserved / UNMAP_SLACK_DIVISOR)
+            want.max(self.acct.reserved / UNMAP_SLACK_DIVISOR)
         };
         let mut released = 0;
         for (_, id) in candidates {
             if released >= want {
                 break;
             }
-            if let Ok(n) = self.vm_unmap_block(dev, index, id, want - released) {
+            if let Ok(n) = self.vm_unmap_block(id, want - released) {
                 released += n;
             }
         }
@@ -440,11 +421,8 @@ impl State {
     }
 
     /// Returns the reservations of segments with nothing mapped (on cache release).
-    pub(super) fn vm_release_reservations(
-        &mut self,
-        dev: &dyn Device,
-        index: DeviceIndex,
-    ) -> Result<(), Error> {
+    pub(super) fn vm_release_reservations(&mut self) -> Result<(), Error> {
+        let index = self.index;
         let empty: Vec<usize> = self
             .vm
             .iter()
@@ -454,7 +432,7 @@ impl State {
         let mut result = Ok(());
         for i in empty {
             let s = &self.vm[i];
-            match dev.vm_release(index, s.base, s.end() - s.base) {
+            match self.dev.vm_release(index, s.base, s.end() - s.base) {
                 Ok(()) => {
                     self.vm.remove(i);
                 }

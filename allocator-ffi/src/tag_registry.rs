@@ -1,4 +1,4 @@
-//! torchair's tag-keyed streams and events (`npu_stream_switch(tag)`,
+//! The C ABI's registry of torchair's tag-keyed streams and events (`npu_stream_switch(tag)`,
 //! `npu_create_tagged_event(tag)`, `npu_tagged_event_record/wait`,
 //! `npu_record_tagged_stream`).
 //!
@@ -12,8 +12,8 @@ use std::collections::HashMap;
 
 use parking_lot::Mutex;
 
-use crate::device::{Device, DeviceIndex, EventHandle, StreamHandle};
-use crate::error::Error;
+use npualloc_core::device::{Device, DeviceIndex, EventHandle};
+use npualloc_core::{Error, StreamHandle};
 
 /// The tag that always names the default stream.
 pub const DEFAULT_TAG: &str = "default";
@@ -148,6 +148,7 @@ impl TagRegistry {
     }
 
     /// Destroys every device event and forgets every tag.
+    #[cfg(test)]
     pub fn clear(&self, dev: &dyn Device) {
         let mut t = self.inner.lock();
         for (device, ev) in t.events.drain().filter_map(|(_, h)| h) {
@@ -158,9 +159,12 @@ impl TagRegistry {
 }
 
 #[cfg(test)]
+mod torchair_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::sim::{SimConfig, SimDevice};
+    use npualloc_core::device::sim::{SimConfig, SimDevice};
 
     #[test]
     fn streams_bind_once_and_default_is_fixed() {

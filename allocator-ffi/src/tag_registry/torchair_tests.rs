@@ -2,13 +2,19 @@
 //! device with real asynchronous streams and backed memory: numeric results and the
 //! ordering rule (work after a wait never starts before the recorded work finished).
 
+//!
+//! (Moved from the core's integration tests with the registry; the helpers below are
+//! copies of `tests/all/common.rs`'s.)
+
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use npualloc::device::sim::{SimDevice, SimMode};
-use npualloc::stream::TagRegistry;
-use npualloc::{CachingAllocator, Device, StreamHandle};
+use parking_lot::Mutex;
 
-use crate::common::*;
+use npualloc_core::device::sim::{SimConfig, SimDevice, SimMemory, SimMode};
+use npualloc_core::{CachingAllocator, Config, Device, StreamHandle};
+
+use super::TagRegistry;
 
 const N: usize = 256;
 const MAIN: StreamHandle = StreamHandle::DEFAULT;
@@ -170,4 +176,81 @@ fn record_tagged_stream_protects_a_from_reuse() {
     assert_eq!(wrong, 0);
     tags.clear(&*sim);
     assert_drained(&sim, &a);
+}
+
+/// A simulated device with the given mode, backing and allocator settings.
+pub fn with(
+    capacity: usize,
+    mode: SimMode,
+    backed: bool,
+    conf: &str,
+) -> (Arc<SimDevice>, CachingAllocator) {
+    let sim = SimDevice::new(SimConfig {
+        devices: 1,
+        capacity,
+        backed,
+        mode,
+        ..SimConfig::default()
+    });
+    let alloc = CachingAllocator::new(sim.clone(), 0, Config::parse(conf).unwrap()).unwrap();
+    (sim, alloc)
+}
+
+/// Kernel runs: (name, start, end).
+pub type Log = Arc<Mutex<Vec<(&'static str, Instant, Instant)>>>;
+
+/// Queues a kernel that logs when it ran; `delay` makes it slow.
+pub fn kernel(
+    sim: &SimDevice,
+    s: StreamHandle,
+    log: &Log,
+    name: &'static str,
+    delay_ms: u64,
+    f: impl FnOnce(&SimMemory) + Send + 'static,
+) {
+    let log = log.clone();
+    sim.launch(0, s, move |m: &SimMemory| {
+        let start = Instant::now();
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        f(m);
+        log.lock().push((name, start, Instant::now()));
+    })
+    .unwrap();
+}
+
+/// When kernel `name` ran: (start, end).
+pub fn span(log: &Log, name: &str) -> (Instant, Instant) {
+    let l = log.lock();
+    let e = l
+        .iter()
+        .find(|e| e.0 == name)
+        .unwrap_or_else(|| panic!("{name} never ran"));
+    (e.1, e.2)
+}
+
+/// Asserts the allocator's invariants, with the failing one in the message.
+#[track_caller]
+pub fn check(alloc: &CachingAllocator) {
+    if let Err(e) = alloc.check_invariants() {
+        panic!("invariant broken: {e}");
+    }
+}
+
+/// Frees nothing, empties the cache and asserts that the device holds no memory or events.
+#[track_caller]
+pub fn assert_drained(sim: &SimDevice, alloc: &CachingAllocator) {
+    alloc.empty_cache().unwrap();
+    check(alloc);
+    let c = sim.counters(0);
+    assert_eq!(c.live_bytes, 0, "device bytes still live: {c:?}");
+    assert_eq!(c.live_allocations, 0);
+    assert_eq!(c.events_created, c.events_destroyed, "leaked events: {c:?}");
+    assert_eq!(c.mallocs, c.frees);
+    assert_eq!(c.maps, c.unmaps, "pages still mapped: {c:?}");
+    assert_eq!(c.reservations, 0, "address ranges still reserved: {c:?}");
+    assert_eq!(c.violations, 0, "device misuse: {c:?}");
+    let s = alloc.stats();
+    assert_eq!(s.reserved_bytes[0].current, 0);
+    assert_eq!(s.allocated_bytes[0].current, 0);
+    assert_eq!(s.active[0].current, 0);
 }

@@ -1,0 +1,225 @@
+//! Frees and cross-stream events (PyTorch's `record_stream`, `insert_events`,
+//! `process_events`, `synchronize_and_free_events`).
+//!
+//! Contract: a block used on other streams is reused only once an event recorded on each
+//! of them at free time completed; when an event cannot be recorded, the block waits
+//! for the next full synchronisation instead (parked).
+//!
+//! Invariant: an awaiting block's wait count (`Phase::Awaiting`) equals its queued
+//! events plus its parked or deferred frees; it returns to the free lists when the count
+//! reaches 0.
+
+use super::ShardState;
+use crate::device::{DeviceError, DevicePtr, StreamHandle};
+use crate::error::Error;
+use crate::pool::{BlockId, Phase};
+use crate::stats::{self};
+
+impl ShardState {
+    pub fn free(&mut self, id: BlockId) {
+        let b = &mut self.blocks[id];
+        debug_assert!(b.is_allocated());
+        let (st, size, lent) = (b.kind.stat_type(), b.size, b.phase == Phase::Lent);
+        b.phase = Phase::Free;
+        stats::decrease(&mut self.acct.stats.allocation, st, 1);
+        stats::decrease(&mut self.acct.stats.allocated_bytes, st, size);
+        if size >= self.shared.config.max_split_size {
+            self.acct.stats.oversize_allocations.decrease(1);
+        }
+        if lent && self.return_lent(id) {
+            return;
+        }
+        if self.blocks[id].stream_uses.is_empty() {
+            self.free_block(id);
+        } else if self.capture.capturing.is_some() {
+            // No event calls during a capture: record them when it ends.
+            self.blocks[id].add_wait();
+            self.capture.deferred.push(id);
+        } else {
+            self.insert_events(id);
+        }
+    }
+
+    /// Records one event per other stream the block was used on.
+    pub(super) fn insert_events(&mut self, id: BlockId) {
+        let index = self.index;
+        let uses = std::mem::take(&mut self.blocks[id].stream_uses);
+        let mut failed = false;
+        for s in uses {
+            let recorded = self.waits.events.get(&*self.dev, index).and_then(|ev| {
+                self.dev
+                    .event_record(index, ev, s)
+                    .map(|_| ev)
+                    .inspect_err(|_| {
+                        // Never queued: the event is idle and can go straight back.
+                        self.waits.events.put(ev);
+                    })
+            });
+            match recorded {
+                Ok(ev) => {
+                    self.blocks[id].add_wait();
+                    self.waits.pending.push(s, ev, id);
+                }
+                Err(_) => failed = true,
+            }
+        }
+        if failed {
+            // Without an event we cannot tell when that stream is done with the block:
+            // park it until the next full synchronisation (empty_cache or OOM retry).
+            self.blocks[id].add_wait();
+            self.waits.parked.push(id);
+        }
+    }
+
+    pub fn record_stream(
+        &mut self,
+        id: BlockId,
+        ptr: DevicePtr,
+        stream: StreamHandle,
+    ) -> Result<(), Error> {
+        let live = self
+            .blocks
+            .get(id)
+            .is_some_and(|b| b.is_allocated() && b.ptr == ptr);
+        if !live {
+            return Err(Error::UnknownPointer { ptr });
+        }
+        if self.blocks[id].stream == stream {
+            return Ok(());
+        }
+        self.check_stream(stream)?;
+        let uses = &mut self.blocks[id].stream_uses;
+        if !uses.contains(&stream) {
+            uses.push(stream);
+        }
+        Ok(())
+    }
+
+    pub fn erase_stream(
+        &mut self,
+        id: BlockId,
+        ptr: DevicePtr,
+        stream: StreamHandle,
+    ) -> Result<(), Error> {
+        match self.blocks.get_mut(id) {
+            Some(b) if b.is_allocated() && b.ptr == ptr => {
+                // A borrower is the allocation's stream to the caller: never erased.
+                if b.borrower() != Some(stream) {
+                    b.stream_uses.retain(|s| *s != stream);
+                }
+                Ok(())
+            }
+            _ => Err(Error::UnknownPointer { ptr }),
+        }
+    }
+
+    /// Returns blocks whose events have all completed to their free lists (no waiting).
+    pub fn process_events(&mut self) {
+        let index = self.index;
+        let mut ready = Vec::new();
+        let events = &mut self.waits.events;
+        self.waits.pending.poll(&*self.dev, index, |_, ev, id| {
+            events.put(ev);
+            ready.push(id);
+        });
+        for id in ready {
+            self.event_done(id);
+        }
+    }
+
+    pub(super) fn event_done(&mut self, id: BlockId) {
+        if self.blocks[id].end_wait() {
+            self.free_block(id);
+        }
+    }
+
+    /// Waits for every pending event and parked free; PyTorch's `synchronize_and_free_events`.
+    pub(super) fn synchronize_and_free_events(&mut self) -> Result<(), Error> {
+        let index = self.index;
+        self.acct.stats.num_sync_all_streams += 1;
+        let markers = self.shared.markers.clone();
+        let _range = markers.range(|| {
+            format!(
+                "npualloc.event_sync {} events dev{index}",
+                self.waits.pending.len()
+            )
+        });
+        let mut first_err: Option<DeviceError> = None;
+        if !self.waits.parked.is_empty() {
+            match self.dev.synchronize_device(index) {
+                Ok(()) => {
+                    for id in std::mem::take(&mut self.waits.parked) {
+                        self.event_done(id);
+                    }
+                }
+                Err(e) => first_err = Some(e),
+            }
+        }
+        let events = &mut self.waits.events;
+        if let Err(e) = self
+            .lending
+            .fences
+            .synchronize(&*self.dev, index, None, |ev| events.put(ev))
+        {
+            first_err.get_or_insert(e);
+        }
+        if let Err(e) = self.settle_unfenced() {
+            first_err.get_or_insert(e);
+        }
+        for (s, ev, id) in self.waits.pending.drain() {
+            match self.dev.event_synchronize(index, ev) {
+                Ok(()) => {
+                    self.waits.events.put(ev);
+                    self.event_done(id);
+                }
+                Err(e) => {
+                    self.waits.pending.push(s, ev, id);
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        first_err.map_or(Ok(()), |e| Err(e.into()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{check, free, id_of, shard};
+    use super::super::NoPeers;
+
+    #[test]
+    fn a_block_used_on_another_stream_waits_for_its_event() {
+        let (sim, mut st) = shard("");
+        let side = sim.create_stream(0).unwrap();
+        let p = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
+        let id = id_of(&st, p);
+        st.record_stream(id, p, side).unwrap();
+        free(&mut st, p);
+        assert_eq!(st.pending_count(), 1);
+        st.process_events();
+        assert_eq!(st.pending_count(), 1, "the side stream has not run");
+        assert_ne!(st.malloc(1000, false, &NoPeers).unwrap().unwrap(), p);
+        check(&st);
+        sim.complete_stream(0, side).unwrap();
+        st.process_events();
+        assert_eq!(st.pending_count(), 0);
+        check(&st);
+    }
+
+    #[test]
+    fn a_block_whose_event_cannot_be_created_is_parked_until_a_synchronisation() {
+        let (sim, mut st) = shard("");
+        let side = sim.create_stream(0).unwrap();
+        let p = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
+        let id = id_of(&st, p);
+        st.record_stream(id, p, side).unwrap();
+        sim.fail_nth_event_create(0, 1);
+        free(&mut st, p);
+        assert_eq!(st.waits.parked, vec![id]);
+        check(&st);
+        st.release_cached_blocks().unwrap();
+        assert!(st.waits.parked.is_empty());
+        assert_eq!(st.acct.reserved, 0);
+        check(&st);
+    }
+}

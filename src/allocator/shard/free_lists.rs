@@ -1,0 +1,339 @@
+//! The shard's free lists: taking a block (best fit, split) and giving one back (hot
+//! cache or merge with free neighbours), with PyTorch's block statistics.
+//!
+//! Contract: every function here keeps the free lists and the statistics in step with
+//! the blocks; none calls the device.
+//!
+//! Invariants:
+//! - a free block that is not hot is in exactly one free list, that of its
+//!   (stream, pool tag, kind); hot blocks are only in their stream's hot cache;
+//! - no two free, non-hot neighbours exist (they are merged on insertion);
+//! - `inactive_split[_bytes]` count the free blocks of split segments, hot ones included.
+
+use super::ShardState;
+use crate::pool::free_list::HOT_CAPACITY;
+use crate::pool::rounding::{MIN_BLOCK, SMALL_SIZE};
+use crate::pool::{Block, BlockId, Phase, PoolKind};
+use crate::stats::{self, StatType};
+
+impl ShardState {
+    pub(super) fn pool_insert(&mut self, id: BlockId) {
+        let (gc, now) = (self.reclaim.gc_calls, self.reclaim.malloc_calls);
+        let b = &mut self.blocks[id];
+        b.gc_count_base = gc;
+        b.freed_at = now;
+        let (key, kind) = (b.pool, b.kind);
+        self.pools
+            .get_or_default(key)
+            .get_mut(kind)
+            .insert(&mut self.blocks, id);
+    }
+
+    pub(super) fn pool_remove(&mut self, id: BlockId) {
+        let b = &self.blocks[id];
+        let (key, kind) = (b.pool, b.kind);
+        let removed = match self.pools.get_mut(&key) {
+            Some(p) => p.get_mut(kind).remove(&mut self.blocks, id),
+            None => false,
+        };
+        debug_assert!(removed, "block {id} was not in its free list");
+    }
+
+    /// PyTorch's `get_free_block`: best fit in the pool allocations go to now,
+    /// honouring max_split_size.
+    pub(super) fn get_free_block(&mut self, kind: PoolKind, size: usize) -> Option<BlockId> {
+        if self.gc_enabled() {
+            self.reclaim.gc_calls += 1;
+        }
+        let list = self.pools.get(&self.route())?.get(kind);
+        let (bsize, _, id) = list.best_fit(size)?;
+        let max_split = self.shared.config.max_split_size;
+        if size < max_split && bsize >= max_split {
+            return None;
+        }
+        if size >= max_split
+            && bsize >= size.saturating_add(self.shared.config.max_non_split_rounding)
+        {
+            return None;
+        }
+        self.pool_remove(id);
+        Some(id)
+    }
+
+    pub(super) fn should_split(&self, block: &Block, rounded: usize) -> bool {
+        let rem = block.size - rounded;
+        if block.vm.is_some() {
+            // Expandable segments strand nothing by splitting (PyTorch's rule).
+            return rem >= MIN_BLOCK;
+        }
+        match block.kind {
+            PoolKind::Small => rem >= MIN_BLOCK,
+            PoolKind::Large => rounded < self.shared.config.max_split_size && rem > SMALL_SIZE,
+        }
+    }
+
+    /// Hands out block `id` (already out of its free list), splitting off the tail.
+    pub(super) fn alloc_found_block(
+        &mut self,
+        id: BlockId,
+        size: usize,
+        rounded: usize,
+    ) -> BlockId {
+        let st = self.blocks[id].kind.stat_type();
+        let already_split = self.blocks[id].is_split();
+        let mut out = id;
+        if self.should_split(&self.blocks[id], rounded) {
+            // The front becomes a new block; the original keeps the remainder.
+            let b = &self.blocks[id];
+            let mut front = b.sibling(b.ptr, rounded);
+            front.prev = b.prev;
+            front.next = Some(id);
+            let front_id = self.blocks.insert(front);
+            if let Some(p) = self.blocks[front_id].prev {
+                self.blocks[p].next = Some(front_id);
+            }
+            let rest = &mut self.blocks[id];
+            rest.prev = Some(front_id);
+            rest.ptr += rounded;
+            rest.size -= rounded;
+            let rest_size = rest.size;
+            self.pool_insert(id);
+            if already_split {
+                stats::decrease(&mut self.acct.stats.inactive_split_bytes, st, rounded);
+            } else {
+                stats::increase(&mut self.acct.stats.inactive_split_bytes, st, rest_size);
+                stats::increase(&mut self.acct.stats.inactive_split, st, 1);
+            }
+            out = front_id;
+        } else if already_split {
+            let bsize = self.blocks[id].size;
+            stats::decrease(&mut self.acct.stats.inactive_split_bytes, st, bsize);
+            stats::decrease(&mut self.acct.stats.inactive_split, st, 1);
+        }
+        let b = &mut self.blocks[out];
+        b.phase = Phase::Allocated;
+        b.requested = size;
+        let bsize = b.size;
+        stats::increase(&mut self.acct.stats.allocation, st, 1);
+        stats::increase(&mut self.acct.stats.allocated_bytes, st, bsize);
+        stats::increase(&mut self.acct.stats.active, st, 1);
+        stats::increase(&mut self.acct.stats.active_bytes, st, bsize);
+        stats::increase(&mut self.acct.stats.requested_bytes, st, size);
+        if bsize >= self.shared.config.max_split_size {
+            self.acct.stats.oversize_allocations.increase(1);
+        }
+        out
+    }
+
+    /// A block becomes reusable: into its stream's hot cache if there is room, else
+    /// into its free list, merged with free neighbours.
+    pub(super) fn free_block(&mut self, id: BlockId) {
+        let b = &mut self.blocks[id];
+        debug_assert!(b.is_free() && b.stream_uses.is_empty());
+        let (st, size, requested, split) = (b.kind.stat_type(), b.size, b.requested, b.is_split());
+        b.requested = 0;
+        stats::decrease(&mut self.acct.stats.active, st, 1);
+        stats::decrease(&mut self.acct.stats.active_bytes, st, size);
+        stats::decrease(&mut self.acct.stats.requested_bytes, st, requested);
+        // Only small-pool blocks: parking large blocks unmerged changes where later
+        // large requests land and costs reserve (measured on the shipped traces).
+        let b = &self.blocks[id];
+        let small = b.kind == PoolKind::Small
+            && b.pool.is_none()
+            && self.shared.config.hot_cache
+            && !b.dirty;
+        let hot = &mut self.pools.get_or_default(None).hot;
+        if small && hot.len() < HOT_CAPACITY {
+            hot.push((size, id));
+            self.blocks[id].phase = Phase::Hot;
+            if split {
+                stats::increase(&mut self.acct.stats.inactive_split, st, 1);
+                stats::increase(&mut self.acct.stats.inactive_split_bytes, st, size);
+            }
+            return;
+        }
+        self.coalesce(id, false);
+    }
+
+    /// Puts free block `id` in its free list, merged with free neighbours. `counted`:
+    /// the block is already counted as an inactive split (it comes from the hot cache).
+    pub(super) fn coalesce(&mut self, id: BlockId, counted: bool) {
+        let b = &self.blocks[id];
+        let st = b.kind.stat_type();
+        let mut net_blocks: i64 = 0;
+        let mut net_bytes: i64 = 0;
+        if counted && b.is_split() {
+            net_blocks -= 1;
+            net_bytes -= b.size as i64;
+        }
+        let neighbours = [b.prev, b.next];
+        for n in neighbours.into_iter().flatten() {
+            let subsumed = self.try_merge(id, n);
+            if subsumed > 0 {
+                net_blocks -= 1;
+                net_bytes -= subsumed as i64;
+            }
+        }
+        self.pool_insert(id);
+        if self.blocks[id].is_split() {
+            net_blocks += 1;
+            net_bytes += self.blocks[id].size as i64;
+        }
+        apply_net(&mut self.acct.stats.inactive_split, st, net_blocks);
+        apply_net(&mut self.acct.stats.inactive_split_bytes, st, net_bytes);
+    }
+
+    /// Takes a hot block of exactly `size` bytes on `stream`, most recent first.
+    pub(super) fn hot_take(&mut self, size: usize) -> Option<BlockId> {
+        if self.capture.capturing.is_some() {
+            return None;
+        }
+        let hot = &mut self.pools.get_mut(&None)?.hot;
+        let pos = hot.iter().rposition(|&(s, _)| s == size)?;
+        let (_, id) = hot.swap_remove(pos);
+        self.blocks[id].phase = Phase::Free;
+        Some(id)
+    }
+
+    /// Moves every hot block into the free lists; returns whether there were any.
+    pub fn flush_hot(&mut self) -> bool {
+        let hot: Vec<BlockId> = self
+            .pools
+            .values_mut()
+            .flat_map(|p| p.hot.drain(..).map(|(_, id)| id))
+            .collect();
+        for &id in &hot {
+            self.blocks[id].phase = Phase::Free;
+            self.coalesce(id, true);
+        }
+        !hot.is_empty()
+    }
+
+    /// Bytes of block `id` a neighbour may absorb: its size when free and not parked in
+    /// the hot cache, else 0.
+    pub(super) fn mergeable(&self, id: BlockId) -> usize {
+        let b = &self.blocks[id];
+        if b.phase == Phase::Free {
+            b.size
+        } else {
+            0
+        }
+    }
+
+    /// Merges free neighbour `src` into `dst`; returns the bytes absorbed (0 if not free).
+    pub(super) fn try_merge(&mut self, dst: BlockId, src: BlockId) -> usize {
+        if self.mergeable(src) == 0 {
+            return 0;
+        }
+        self.pool_remove(src);
+        let s = self.blocks.remove(src);
+        if s.dirty {
+            self.lending.dirty.merge_into(dst, src);
+            self.blocks[dst].dirty = true;
+            self.prune_marks(dst);
+        }
+        let d = &mut self.blocks[dst];
+        if d.prev == Some(src) {
+            d.ptr = s.ptr;
+            d.prev = s.prev;
+            d.size += s.size;
+            if let Some(p) = s.prev {
+                self.blocks[p].next = Some(dst);
+            }
+        } else {
+            d.next = s.next;
+            d.size += s.size;
+            if let Some(n) = s.next {
+                self.blocks[n].prev = Some(dst);
+            }
+        }
+        s.size
+    }
+
+    /// Counts a segment this shard now holds: reserved bytes and segment statistics.
+    pub(super) fn segment_added(&mut self, kind: PoolKind, size: usize) {
+        self.acct.reserved += size;
+        self.acct.reserved_hwm = self.acct.reserved_hwm.max(self.acct.reserved);
+        let st = kind.stat_type();
+        stats::increase(&mut self.acct.stats.segment, st, 1);
+        stats::increase(&mut self.acct.stats.reserved_bytes, st, size);
+        if size >= self.shared.config.max_split_size {
+            self.acct.stats.oversize_segments.increase(1);
+        }
+    }
+
+    /// Uncounts a segment this shard no longer holds (freed or lent).
+    pub(super) fn segment_removed(&mut self, kind: PoolKind, size: usize) {
+        self.acct.reserved -= size;
+        let st = kind.stat_type();
+        stats::decrease(&mut self.acct.stats.segment, st, 1);
+        stats::decrease(&mut self.acct.stats.reserved_bytes, st, size);
+        if size >= self.shared.config.max_split_size {
+            self.acct.stats.oversize_segments.decrease(1);
+        }
+    }
+}
+
+pub(super) fn apply_net(arr: &mut stats::StatArray, st: StatType, net: i64) {
+    match net.cmp(&0) {
+        std::cmp::Ordering::Greater => stats::increase(arr, st, net as usize),
+        std::cmp::Ordering::Less => stats::decrease(arr, st, net.unsigned_abs() as usize),
+        std::cmp::Ordering::Equal => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{check, free, id_of, shard};
+    use super::super::NoPeers;
+
+    #[test]
+    fn split_blocks_merge_back_into_one_whole_segment() {
+        let (_sim, mut st) = shard("hot_cache:False");
+        let a = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
+        let b = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
+        assert_eq!(
+            b,
+            a + 1024,
+            "the second block is split off the same segment"
+        );
+        assert_eq!(st.acct.stats.inactive_split[0].current, 1);
+        free(&mut st, a);
+        check(&st);
+        assert_eq!(st.acct.stats.inactive_split[0].current, 2);
+        free(&mut st, b);
+        check(&st);
+        assert_eq!(st.acct.stats.inactive_split[0].current, 0);
+        assert_eq!(st.blocks.len(), 1, "merged into one block");
+        let (_, _, id) = st
+            .pools
+            .iter()
+            .next()
+            .unwrap()
+            .1
+            .small
+            .iter()
+            .next()
+            .unwrap();
+        assert!(st.is_whole_segment(id));
+    }
+
+    #[test]
+    fn hot_blocks_stay_unmerged_until_flushed() {
+        let (_sim, mut st) = shard("");
+        let a = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
+        let id = id_of(&st, a);
+        free(&mut st, a);
+        assert_eq!(st.blocks[id].phase, crate::pool::Phase::Hot);
+        assert_eq!(
+            st.blocks.len(),
+            2,
+            "not merged with the rest of its segment"
+        );
+        check(&st);
+        assert!(st.flush_hot());
+        assert!(!st.flush_hot(), "nothing left to flush");
+        assert_eq!(st.blocks.len(), 1);
+        check(&st);
+    }
+}

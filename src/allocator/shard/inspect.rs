@@ -1,0 +1,115 @@
+//! Inspection of one shard: waiting frees, statistics, segments for snapshots.
+//!
+//! Contract: read-only; nothing here changes the shard.
+
+use super::ShardState;
+use crate::device::DevicePtr;
+use crate::pool::BlockId;
+use crate::snapshot::{BlockInfo, BlockState, SegmentInfo};
+use crate::stats::DeviceStats;
+
+impl ShardState {
+    /// Frees waiting for events or a synchronisation.
+    pub fn pending_count(&self) -> usize {
+        self.waits.pending.len() + self.waits.parked.len() + self.capture.deferred.len()
+    }
+
+    pub fn stats_snapshot(&self) -> DeviceStats {
+        let mut s = self.acct.stats;
+        s.max_split_size = i64::try_from(self.shared.config.max_split_size).unwrap_or(i64::MAX);
+        s
+    }
+
+    pub fn segment_of(&self, id: BlockId) -> (DevicePtr, usize) {
+        let mut head = id;
+        while let Some(p) = self.blocks[head].prev {
+            head = p;
+        }
+        let (mut size, mut cur) = (0, Some(head));
+        while let Some(c) = cur {
+            size += self.blocks[c].size;
+            cur = self.blocks[c].next;
+        }
+        (self.blocks[head].ptr, size)
+    }
+
+    pub fn segments(&self) -> Vec<SegmentInfo> {
+        let mut out: Vec<SegmentInfo> = self
+            .blocks
+            .iter()
+            .filter(|(_, b)| b.prev.is_none())
+            .map(|(head, b)| {
+                let mut blocks = Vec::new();
+                let mut cur = Some(head);
+                while let Some(c) = cur {
+                    let blk = &self.blocks[c];
+                    let state = if blk.is_allocated() {
+                        BlockState::ActiveAllocated
+                    } else if blk.waits() > 0 {
+                        BlockState::ActivePendingFree
+                    } else {
+                        BlockState::Inactive
+                    };
+                    blocks.push(BlockInfo {
+                        address: blk.ptr,
+                        size: blk.size,
+                        requested_size: blk.requested,
+                        state,
+                        lent_to: blk.borrower(),
+                        dirty_on: self
+                            .lending
+                            .dirty
+                            .get(c)
+                            .iter()
+                            .filter(|&&(s, e)| !self.lending.fences.is_clear(s, e))
+                            .map(|&(s, _)| s)
+                            .collect(),
+                    });
+                    cur = blk.next;
+                }
+                SegmentInfo {
+                    pool_id: b.pool.map(|t| self.capture.private[t.index()].id),
+                    is_expandable: b.vm.is_some(),
+                    address: b.ptr,
+                    total_size: blocks.iter().map(|x| x.size).sum(),
+                    stream: b.stream,
+                    kind: b.kind,
+                    blocks,
+                }
+            })
+            .collect();
+        out.sort_by_key(|s| s.address);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{free, shard};
+    use super::super::NoPeers;
+    use crate::snapshot::BlockState;
+
+    #[test]
+    fn segments_list_blocks_in_address_order_with_their_state() {
+        let (_sim, mut st) = shard("hot_cache:False");
+        let a = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
+        let b = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
+        free(&mut st, a);
+        let segs = st.segments();
+        assert_eq!(segs.len(), 1);
+        let states: Vec<_> = segs[0]
+            .blocks
+            .iter()
+            .map(|x| (x.address, x.state))
+            .collect();
+        assert_eq!(
+            states[..2],
+            [(a, BlockState::Inactive), (b, BlockState::ActiveAllocated)]
+        );
+        assert_eq!(segs[0].total_size, 2 << 20);
+        assert_eq!(
+            st.segment_of(st.ptrs.get(&b).copied().unwrap()),
+            (a, 2 << 20)
+        );
+    }
+}

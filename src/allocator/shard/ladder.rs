@@ -1,0 +1,393 @@
+//! The malloc ladder of one shard: own cache, then lending, then growth, then release
+//! and growth (PyTorch's `malloc`, with npualloc's rungs in between).
+//!
+//! The rungs, in order (each one only when the ones above found nothing):
+//! 1. **own cache**: the hot cache, then best fit in this stream's free lists;
+//! 2. **merged cache**: the hot cache merged into the free lists, best fit again;
+//! 3. **lending**: garbage collection (with a memory fraction), a wholly free segment of
+//!    another stream, then a free block of another stream (`lending.rs`); with
+//!    expandable segments only the block;
+//! 4. **grow**: idle empty segments back first if reserved memory would pass its
+//!    high-water mark, then a device malloc (with expandable segments: map pages);
+//! 5. **release and grow**: oversize cached blocks back (`max_split_size_mb`), grow again;
+//! 6. **release everything and grow** (`others_released`: the caller has released the
+//!    other shards' caches without this shard's lock): wait for every pending free,
+//!    release every cached segment, grow; else out of memory.
+//!
+//! Contract: `malloc` either hands out a block (its pointer mapped in `ptrs`), returns
+//! `Ok(None)` when only rung 6 could help, or fails with out of memory after counting it.
+//! A capture never reaches rung 6 (it must not synchronise): out of memory at once.
+
+use super::ShardState;
+use super::{Grant, Peers};
+use crate::allocator::oom;
+use crate::device::{DevicePtr, StreamHandle};
+use crate::error::Error;
+use crate::pool::rounding::{allocation_size, round_size, LARGE_BUFFER, ROUND_LARGE, SMALL_SIZE};
+use crate::pool::{Block, BlockId, PoolKind};
+
+/// Adaptive large segments are at least this fraction of the reserved high-water mark...
+const ADAPTIVE_DIVISOR: usize = 8;
+/// ...but no larger than this.
+const ADAPTIVE_MAX: usize = 64 << 20;
+
+/// One malloc request, sized once (PyTorch's `AllocParams`).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Request {
+    /// Bytes the caller asked for.
+    pub size: usize,
+    /// The block size that serves it (padded and rounded).
+    pub rounded: usize,
+    /// The pool the block comes from.
+    pub kind: PoolKind,
+    /// The stream that will use the block: this shard's own, or a borrower's.
+    pub stream: StreamHandle,
+}
+
+impl ShardState {
+    /// Sizes a request of `size` bytes on this shard's stream.
+    fn request(&self, size: usize) -> Result<Request, Error> {
+        let too_large = || Error::SizeTooLarge { requested: size };
+        let padded = size
+            .checked_add(self.shared.padding)
+            .ok_or_else(too_large)?;
+        let config = &self.shared.config;
+        let rounded = round_size(padded, |s| config.divisions_for(s)).ok_or_else(too_large)?;
+        Ok(Request {
+            size,
+            rounded,
+            kind: PoolKind::for_size(rounded),
+            stream: self.stream,
+        })
+    }
+
+    /// Serves a request on this shard's stream. `Ok(None)`: only releasing the other
+    /// streams' caches could help; the caller does that (without this shard's lock
+    /// held) and calls again with `others_released`.
+    pub fn malloc(
+        &mut self,
+        size: usize,
+        others_released: bool,
+        peers: &dyn Peers,
+    ) -> Result<Option<DevicePtr>, Error> {
+        if size == 0 {
+            return Err(Error::ZeroSize);
+        }
+        self.reclaim.malloc_calls += 1;
+        let req = self.request(size)?;
+        if self.pending_count() > 0 && self.capture.capturing.is_none() {
+            self.process_events();
+        }
+        let id = match self.take_own_cache(&req) {
+            Some(id) => id,
+            None => match self.miss(&req, others_released, peers)? {
+                Some(Grant::Own(id)) => id,
+                Some(Grant::Lent(ptr)) => return Ok(Some(ptr)),
+                None => return Ok(None),
+            },
+        };
+        self.hand_out(id, &req).map(|(ptr, _)| Some(ptr))
+    }
+
+    /// Rung 1: a hot block of the exact size, else best fit in this stream's free lists.
+    #[inline(always)]
+    fn take_own_cache(&mut self, req: &Request) -> Option<BlockId> {
+        self.hot_take(req.rounded)
+            .or_else(|| self.get_free_block(req.kind, req.rounded))
+    }
+
+    /// Rungs 2 to 6, for a request the own cache could not serve.
+    fn miss(
+        &mut self,
+        req: &Request,
+        others_released: bool,
+        peers: &dyn Peers,
+    ) -> Result<Option<Grant>, Error> {
+        let seg_size = self.segment_size(req.rounded).ok_or(Error::SizeTooLarge {
+            requested: req.size,
+        })?;
+        self.poll_fences();
+        if let Some(id) = self.take_merged_cache(req) {
+            return Ok(Some(Grant::Own(id)));
+        }
+        if others_released {
+            return self.release_all_and_grow(req, seg_size).map(Some);
+        }
+        if self.shared.config.expandable_segments {
+            // Another stream's free block before mapping pages.
+            if let Some(ptr) = self.borrow_block(req, peers) {
+                return Ok(Some(Grant::Lent(ptr)));
+            }
+            return Ok(self.grow_pages(req, peers)?.map(Grant::Own));
+        }
+        if self.gc_enabled() {
+            self.garbage_collect(peers);
+        }
+        if let Some(id) = self.borrow_segment(req, seg_size, peers)? {
+            return Ok(Some(Grant::Own(id)));
+        }
+        if let Some(ptr) = self.borrow_block(req, peers) {
+            return Ok(Some(Grant::Lent(ptr)));
+        }
+        if let Some(id) = self.grow(req, seg_size, peers)? {
+            return Ok(Some(Grant::Own(id)));
+        }
+        if let Some(id) = self.release_oversize_and_grow(req, seg_size)? {
+            return Ok(Some(Grant::Own(id)));
+        }
+        // Only releasing every cache (the other streams' too) can help now; not
+        // during a capture, which must not synchronise.
+        if self.capture.capturing.is_none() {
+            return Ok(None);
+        }
+        Err(self.out_of_memory(req.size, seg_size))
+    }
+
+    /// Rung 2: the hot cache merged into the free lists (its blocks may combine into a
+    /// fit), best fit again.
+    fn take_merged_cache(&mut self, req: &Request) -> Option<BlockId> {
+        if self.flush_hot() {
+            return self.get_free_block(req.kind, req.rounded);
+        }
+        None
+    }
+
+    /// Rung 4: a new segment, after giving back idle empty segments if reserved memory
+    /// would pass its high-water mark.
+    fn grow(
+        &mut self,
+        req: &Request,
+        seg_size: usize,
+        peers: &dyn Peers,
+    ) -> Result<Option<BlockId>, Error> {
+        self.release_empty_before_growth(seg_size, peers);
+        self.alloc_block(seg_size, req.stream, req.kind)
+    }
+
+    /// Rung 5: oversize cached blocks of this stream back to the device
+    /// (`max_split_size_mb`), then a new segment.
+    fn release_oversize_and_grow(
+        &mut self,
+        req: &Request,
+        seg_size: usize,
+    ) -> Result<Option<BlockId>, Error> {
+        if self.release_available_cached_blocks(req.kind, req.rounded) {
+            return self.alloc_block(seg_size, req.stream, req.kind);
+        }
+        Ok(None)
+    }
+
+    /// Rung 6, the last resort: wait for all pending frees, release every cached
+    /// segment, grow; else out of memory.
+    fn release_all_and_grow(&mut self, req: &Request, seg_size: usize) -> Result<Grant, Error> {
+        let (index, size) = (self.index, req.size);
+        let markers = self.shared.markers.clone();
+        let _range = markers.range(|| format!("npualloc.oom_retry {size}B dev{index}"));
+        let released = self.release_cached_blocks();
+        self.acct.stats.num_alloc_retries += 1;
+        let expandable = self.shared.config.expandable_segments;
+        if released.is_ok() {
+            let grown = if expandable {
+                self.vm_grow(req.stream, req.kind, req.rounded)?
+            } else {
+                self.alloc_block(seg_size, req.stream, req.kind)?
+            };
+            if let Some(id) = grown {
+                return Ok(Grant::Own(id));
+            }
+        }
+        let asked = if expandable {
+            req.rounded
+                .next_multiple_of(self.shared.config.page_size(req.kind))
+        } else {
+            seg_size
+        };
+        Err(self.out_of_memory(size, asked))
+    }
+
+    /// Rung 4 with expandable segments: map pages, after giving back idle free pages if
+    /// reserved memory would pass its high-water mark; then this shard's free pages,
+    /// then (`Ok(None)`) the other shards' caches.
+    fn grow_pages(&mut self, req: &Request, peers: &dyn Peers) -> Result<Option<BlockId>, Error> {
+        let grow = req
+            .rounded
+            .next_multiple_of(self.shared.config.page_size(req.kind));
+        if self.capture.capturing.is_none() {
+            self.release_empty_before_growth(grow, peers);
+        }
+        if let Some(id) = self.vm_grow(req.stream, req.kind, req.rounded)? {
+            return Ok(Some(id));
+        }
+        if self.capture.capturing.is_some() {
+            // A capture must not synchronise: no releasing, out of memory now.
+            return Err(self.out_of_memory(req.size, grow));
+        }
+        if self.vm_release_free(usize::MAX, 0) > 0 {
+            return self.vm_grow(req.stream, req.kind, req.rounded);
+        }
+        Ok(None)
+    }
+
+    /// Allocates found block `id` (out of its free list) for `req` (whose stream is the
+    /// taker) and maps its address; returns (address, the allocated block). A dirty block first
+    /// orders the taker after the streams that may still use it; if that fails, the block
+    /// goes back to its free list.
+    #[inline(always)]
+    pub(super) fn hand_out(
+        &mut self,
+        id: BlockId,
+        req: &Request,
+    ) -> Result<(DevicePtr, BlockId), Error> {
+        let dirty = self.blocks[id].dirty;
+        if dirty {
+            self.poll_fences();
+            if let Err(e) = self.wait_for_dirty(id, req.stream) {
+                self.pool_insert(id);
+                return Err(e);
+            }
+        }
+        let out = self.alloc_found_block(id, req.size, req.rounded);
+        if dirty && out == id {
+            // Handed out whole; a split-off front starts clean and the free remainder
+            // (`id`) stays dirty for other takers, unless the wait met its marks.
+            self.lending.dirty.take(id);
+            self.blocks[id].dirty = false;
+        } else if dirty {
+            self.prune_marks(id);
+        }
+        let ptr = self.blocks[out].ptr;
+        self.ptrs.insert(ptr, out);
+        Ok((ptr, out))
+    }
+
+    /// The device allocation for a block of `rounded` bytes: PyTorch's sizes, or with
+    /// `adaptive_segments` large-pool segments of at least 1/8 of the reserved
+    /// high-water mark (20 to 64 MiB), so that tensors of different sizes share segments
+    /// whose freed space coalesces, instead of each size stranding a segment of its own.
+    pub(super) fn segment_size(&self, rounded: usize) -> Option<usize> {
+        let pytorch = allocation_size(rounded)?;
+        if !self.shared.config.adaptive_segments || rounded <= SMALL_SIZE {
+            return Some(pytorch);
+        }
+        // This stream's own high-water mark, but at least half the device's: streams
+        // taking turns still get segments large enough to share (measured: the
+        // device's alone over-sizes a side stream's segments, the stream's alone
+        // under-sizes those of streams in rotation; benches/README.md).
+        let mark = self.acct.reserved_hwm.max(self.shared.hwm() / 2);
+        let floor = (mark / ADAPTIVE_DIVISOR).clamp(LARGE_BUFFER, ADAPTIVE_MAX);
+        let exact = rounded.checked_next_multiple_of(ROUND_LARGE)?;
+        Some(exact.max(floor.next_multiple_of(ROUND_LARGE)))
+    }
+
+    /// Counts an OOM and builds its error, with torch_npu's message.
+    pub(super) fn out_of_memory(&mut self, size: usize, seg_size: usize) -> Error {
+        let index = self.index;
+        self.acct.stats.num_ooms += 1;
+        let info = self.dev.mem_info(index).ok();
+        Error::OutOfMemory {
+            requested: size,
+            message: oom::message(
+                index,
+                size,
+                seg_size,
+                info,
+                self.shared.allowed_max(),
+                &self.acct.stats,
+            ),
+        }
+    }
+
+    /// Allocates a whole segment; `Ok(None)` when the device (or the fraction) is full.
+    pub(super) fn alloc_block(
+        &mut self,
+        seg_size: usize,
+        stream: StreamHandle,
+        kind: PoolKind,
+    ) -> Result<Option<BlockId>, Error> {
+        let index = self.index;
+        if !self.shared.try_reserve(seg_size) {
+            return Ok(None); // over the memory fraction
+        }
+        let markers = self.shared.markers.clone();
+        let range = markers.range(|| format!("npualloc.device_malloc {seg_size}B dev{index}"));
+        let result = self.dev.malloc(index, seg_size);
+        drop(range);
+        let ptr = match result {
+            Ok(p) => p,
+            Err(e) => {
+                self.shared.unreserve(seg_size);
+                if e.is_out_of_memory() {
+                    return Ok(None);
+                }
+                return Err(e.into());
+            }
+        };
+        self.shared.note_reserved();
+        if !self.reclaim.recent.is_empty() {
+            self.note_segment_malloc(seg_size);
+        }
+        self.segment_added(kind, seg_size);
+        self.acct.stats.num_device_alloc += 1;
+        let mut seg = Block::segment(ptr, seg_size, stream, kind);
+        seg.pool = self.route();
+        Ok(Some(self.blocks.insert(seg)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{check, free, shard};
+    use super::super::NoPeers;
+    use crate::device::MempoolId;
+    use crate::error::Error;
+    use crate::pool::PoolKind;
+
+    #[test]
+    fn a_request_is_sized_once_for_its_pool() {
+        let (_sim, st) = shard("");
+        let r = st.request(1000).unwrap();
+        assert_eq!((r.size, r.rounded, r.kind), (1000, 1024, PoolKind::Small));
+        assert_eq!(r.stream, st.stream);
+        let r = st.request((3 << 20) + 1).unwrap();
+        assert_eq!((r.rounded, r.kind), ((3 << 20) + 512, PoolKind::Large));
+        assert!(matches!(
+            st.request(usize::MAX),
+            Err(Error::SizeTooLarge { .. })
+        ));
+    }
+
+    #[test]
+    fn the_own_cache_serves_a_repeat_without_a_device_malloc() {
+        let (sim, mut st) = shard("");
+        let p = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
+        free(&mut st, p);
+        let q = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
+        assert_eq!(p, q);
+        assert_eq!(sim.counters(0).mallocs, 1);
+        check(&st);
+    }
+
+    #[test]
+    fn only_the_last_rung_reports_out_of_memory() {
+        let (_sim, mut st) = shard("");
+        // 2 GiB on a 1 GiB device: rung 5 fails, so the shard asks for rung 6.
+        assert_eq!(st.malloc(2 << 30, false, &NoPeers).unwrap(), None);
+        assert_eq!(st.acct.stats.num_ooms, 0);
+        let e = st.malloc(2 << 30, true, &NoPeers).unwrap_err();
+        assert!(matches!(e, Error::OutOfMemory { .. }));
+        assert_eq!(
+            (st.acct.stats.num_ooms, st.acct.stats.num_alloc_retries),
+            (1, 1)
+        );
+        check(&st);
+    }
+
+    #[test]
+    fn a_capture_is_out_of_memory_at_once() {
+        let (_sim, mut st) = shard("");
+        st.begin_allocate_to_pool(MempoolId(1, 1)).unwrap();
+        let e = st.malloc(2 << 30, false, &NoPeers).unwrap_err();
+        assert!(matches!(e, Error::OutOfMemory { .. }));
+        assert_eq!(st.acct.stats.num_alloc_retries, 0);
+    }
+}

@@ -1,0 +1,263 @@
+//! One stream's shard state: its blocks, free lists, events, lending and statistics,
+//! behind the shard's mutex. Each concern lives in its own file, all `impl ShardState`:
+//!
+//! | file | concern |
+//! |---|---|
+//! | `ladder.rs` | the malloc ladder: own cache → lending → grow → release and grow |
+//! | `free_lists.rs` | best fit, split, hot cache, merge; block statistics |
+//! | `events.rs` | frees, `record_stream`, cross-stream events, parked frees |
+//! | `ordering.rs` | device-side waits between streams, fences, dirty marks (shared by lending and release) |
+//! | `lending.rs` | lending segments and blocks to other streams' shards |
+//! | `release.rs` | giving segments back: cache release, reclaim before growth, GC |
+//! | `capture.rs` | graph-private pools and capture |
+//! | `expandable.rs` | expandable segments: mapping and unmapping pages |
+//! | `inspect.rs` | read-only views for statistics and snapshots |
+//!
+//! Invariants (see `../invariants.rs`, which checks them):
+//! - every block belongs to exactly one segment, whose blocks tile it;
+//! - free blocks are exactly the free-list entries, and never neighbours;
+//! - allocated blocks are exactly the pointer-map entries;
+//! - a block's phase is one of allocated, lent, awaiting (with as many waits as its queued events plus parked and deferred frees), free (in its free list) or hot (in the hot cache);
+//! - a lent block is allocated here for another stream's caller (`stream_uses[0]`); a
+//!   dirty block is free and has marks in `dirty`, and only such blocks have marks;
+//! - `reserved` and every current statistic equal a recount of the blocks.
+
+mod capture;
+mod events;
+mod expandable;
+mod free_lists;
+mod inspect;
+mod ladder;
+mod lending;
+mod ordering;
+mod release;
+
+pub use capture::PrivatePool;
+
+use rustc_hash::FxHashSet;
+use std::sync::Arc;
+
+use slab::Slab;
+
+use super::shared::Shared;
+use crate::device::{Device, DeviceIndex, DevicePtr, StreamHandle};
+use crate::error::Error;
+use crate::pool::{Block, BlockId, PoolTag, PtrTable, StreamMap, VmSegment};
+use crate::stats::DeviceStats;
+use crate::stream::{DirtyMarks, EventPool, Fences, PendingFrees};
+
+/// Access to the other streams' shards from inside one shard's slow path.
+pub(crate) trait Peers {
+    /// Calls `f` on each other shard whose lock is free right now, until it returns false.
+    fn visit(&self, f: &mut dyn FnMut(&mut ShardState) -> bool);
+}
+
+/// Where a request that missed this stream's free lists is served.
+enum Grant {
+    /// A block of this shard (from a new or borrowed segment, or pages mapped).
+    Own(BlockId),
+    /// A block lent by another stream's shard, which keeps it (see `lend_block`).
+    Lent(DevicePtr),
+}
+
+/// No other shards (tests of one shard, and the last-resort pass).
+pub(crate) struct NoPeers;
+
+impl Peers for NoPeers {
+    fn visit(&self, _: &mut dyn FnMut(&mut ShardState) -> bool) {}
+}
+
+/// One stream's shard: its blocks and free lists, and the state of each concern.
+pub(super) struct ShardState {
+    /// The stream this shard serves (its own pools are keyed by it).
+    pub stream: StreamHandle,
+    /// The device this shard allocates on (the allocator's, shared by every shard).
+    pub dev: Arc<dyn Device>,
+    /// Its index.
+    pub index: DeviceIndex,
+    /// Settings and device-wide counters shared with the other streams' shards.
+    pub shared: Arc<Shared>,
+    /// Every block of this shard's segments.
+    pub blocks: Slab<Block>,
+    /// This shard's live allocations: pointer → block.
+    pub ptrs: PtrTable,
+    /// Free lists and hot caches, per pool (the stream's own, graph-private ones).
+    pub pools: StreamMap,
+    /// Streams the device confirmed (checked once each).
+    pub known_streams: FxHashSet<StreamHandle>,
+    /// Expandable segments (`Block::vm` names an entry).
+    pub vm: Slab<VmSegment>,
+    /// Statistics and reserved bytes.
+    pub acct: Accounting,
+    /// Frees waiting for events or a synchronisation (`events.rs`).
+    pub waits: Waits,
+    /// Graph-private pools and capture (`capture.rs`).
+    pub capture: Capture,
+    /// Fences and dirty marks of lent blocks (`lending.rs`, `ordering.rs`).
+    pub lending: Lending,
+    /// The clocks and back-off of giving memory back (`release.rs`).
+    pub reclaim: Reclaim,
+}
+
+/// What the shard holds, counted as PyTorch's statistics.
+#[derive(Default)]
+pub(super) struct Accounting {
+    /// PyTorch's statistics of this shard.
+    pub stats: DeviceStats,
+    /// Device bytes this shard holds.
+    pub reserved: usize,
+    /// Highest `reserved` of this shard (sizes its adaptive segments).
+    pub reserved_hwm: usize,
+}
+
+/// Frees waiting before their blocks can be reused.
+#[derive(Default)]
+pub(super) struct Waits {
+    /// Events recorded at free time, per stream, in order.
+    pub pending: PendingFrees,
+    /// Blocks whose events could not be recorded: each holds one wait until the next
+    /// full synchronisation.
+    pub parked: Vec<BlockId>,
+    /// Idle events for reuse.
+    pub events: EventPool,
+}
+
+/// Graph-private pools of this stream and the capture under way.
+#[derive(Default)]
+pub(super) struct Capture {
+    /// Graph-private pools; `PrivateTag::new(i)` is entry `i`.
+    pub private: Vec<PrivatePool>,
+    /// The private pool allocations go to while a graph capture is under way.
+    pub capturing: PoolTag,
+    /// Frees with stream uses made during a capture: their events are recorded when it
+    /// ends (event calls are not allowed while capturing).
+    pub deferred: Vec<BlockId>,
+}
+
+/// The lender's side of block lending.
+#[derive(Default)]
+pub(super) struct Lending {
+    /// How far the streams this shard lent blocks to have run.
+    pub fences: Fences,
+    /// Which free blocks streams they were lent to may still use (`Block::dirty`).
+    pub dirty: DirtyMarks,
+}
+
+/// Clocks and back-off of reclaiming (idle segments, garbage collection).
+#[derive(Default)]
+pub(super) struct Reclaim {
+    /// PyTorch's garbage-collection clock (free-list searches with GC enabled).
+    pub gc_calls: u64,
+    /// Number of malloc calls so far (the clock of segment idleness).
+    pub malloc_calls: u64,
+    /// Idle time (malloc calls) a segment needs before it may be reclaimed; doubles
+    /// whenever a reclaimed segment has to be allocated again soon after.
+    pub min_idle: u64,
+    /// Recently reclaimed segments: (size, when).
+    pub recent: std::collections::VecDeque<(usize, u64)>,
+}
+
+impl ShardState {
+    /// The shard of `stream` on the allocator whose shared part is `shared`.
+    pub fn new(stream: StreamHandle, shared: Arc<Shared>) -> Self {
+        let mut known_streams = FxHashSet::default();
+        known_streams.insert(StreamHandle::DEFAULT);
+        ShardState {
+            stream,
+            dev: shared.device.clone(),
+            index: shared.index,
+            shared,
+            blocks: Slab::new(),
+            ptrs: PtrTable::default(),
+            pools: StreamMap::default(),
+            known_streams,
+            vm: Slab::new(),
+            acct: Accounting::default(),
+            waits: Waits::default(),
+            capture: Capture::default(),
+            lending: Lending::default(),
+            reclaim: Reclaim::default(),
+        }
+    }
+
+    /// Checks `s` with the device the first time this shard sees it.
+    pub fn check_stream(&mut self, s: StreamHandle) -> Result<(), Error> {
+        let index = self.index;
+        if !self.known_streams.contains(&s) {
+            self.dev.check_stream(index, s)?;
+            self.known_streams.insert(s);
+        }
+        Ok(())
+    }
+
+    fn gc_enabled(&self) -> bool {
+        self.shared.allowed_max().is_some() && self.shared.config.garbage_collection_threshold > 0.0
+    }
+}
+
+/// Shards on a simulated device for the unit tests of each concern.
+#[cfg(test)]
+pub(super) mod testing {
+    use std::cell::RefCell;
+    use std::sync::Arc;
+
+    use super::{Peers, ShardState, Shared};
+    use crate::config::Config;
+    use crate::device::sim::{SimConfig, SimDevice};
+    use crate::device::{DevicePtr, StreamHandle};
+    use crate::pool::BlockId;
+
+    /// A manual-mode simulated device of `capacity` bytes and the shared part of its
+    /// allocator with settings `conf`.
+    pub fn device(capacity: usize, conf: &str) -> (Arc<SimDevice>, Arc<Shared>) {
+        let sim = SimDevice::new(SimConfig {
+            capacity,
+            ..SimConfig::default()
+        });
+        let shared = Shared::new(sim.clone(), 0, Config::parse(conf).unwrap(), 0);
+        (sim, Arc::new(shared))
+    }
+
+    /// The shard of the default stream on a 1 GiB device.
+    pub fn shard(conf: &str) -> (Arc<SimDevice>, ShardState) {
+        let (sim, shared) = device(1 << 30, conf);
+        (sim, ShardState::new(StreamHandle::DEFAULT, shared))
+    }
+
+    /// The block of live allocation `ptr`.
+    pub fn id_of(st: &ShardState, ptr: DevicePtr) -> BlockId {
+        *st.ptrs.get(&ptr).expect("a live allocation of this shard")
+    }
+
+    /// Frees allocation `ptr`.
+    pub fn free(st: &mut ShardState, ptr: DevicePtr) {
+        let id = st
+            .ptrs
+            .remove(&ptr)
+            .expect("a live allocation of this shard");
+        st.free(id);
+    }
+
+    /// Panics with the broken invariant, if any.
+    #[track_caller]
+    pub fn check(st: &ShardState) {
+        if let Err(e) = crate::allocator::invariants::check(st) {
+            panic!("invariant broken: {e}");
+        }
+    }
+
+    /// Other shards, visited in order when their cell is not borrowed.
+    pub struct Others<'a>(pub Vec<&'a RefCell<ShardState>>);
+
+    impl Peers for Others<'_> {
+        fn visit(&self, f: &mut dyn FnMut(&mut ShardState) -> bool) {
+            for s in &self.0 {
+                if let Ok(mut st) = s.try_borrow_mut() {
+                    if !f(&mut st) {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
