@@ -1,0 +1,143 @@
+/*
+ * Behaviour the stand-in CANN runtime needs beyond tests/fake_acl/fake_acl.c, for the
+ * real torch_npu to initialise a device and run its allocator paths on it.
+ *
+ * gen_standin.py compiles this file together with fake_acl.c (memory, streams, events,
+ * virtual memory, test controls) and with a generated stub (returns 0, ACL_SUCCESS) for
+ * every other CANN symbol the torch_npu wheel leaves undefined. Functions torch_npu
+ * only looks up with dlsym are absent unless defined here: torch_npu then takes its own
+ * fallback, as on an older CANN.
+ *
+ * Device memory is host memory (fake_acl.c), so copies and memsets are memcpy/memset.
+ * Nothing here computes: kernels launched by operators are accepted and do nothing.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* acl_base_rt.h: the SoC torch_npu selects its code paths by (an Atlas A2 part). */
+EXPORT const char *aclrtGetSocName(void) { return "Ascend910B1"; }
+
+/* acl_rt.h: torch_npu creates its streams with a priority and flags. */
+EXPORT aclError aclrtCreateStreamWithConfig(aclrtStream *stream, uint32_t priority, uint32_t flag) {
+  (void)priority;
+  (void)flag;
+  return aclrtCreateStream(stream);
+}
+
+EXPORT aclError aclrtDestroyStream(aclrtStream stream) {
+  (void)stream;
+  return ACL_SUCCESS;
+}
+
+EXPORT aclError aclrtDestroyStreamForce(aclrtStream stream) { return aclrtDestroyStream(stream); }
+
+/* acl_op_compiler.h: the size of an option buffer torch_npu then fills. */
+EXPORT size_t aclGetCompileoptSize(int opt) {
+  (void)opt;
+  return 256;
+}
+
+EXPORT aclError aclGetCompileopt(int opt, char *value, size_t length) {
+  (void)opt;
+  if (value && length) value[0] = '\0';
+  return ACL_SUCCESS;
+}
+
+/* Host memory and copies (device memory is host memory in the stand-in). */
+EXPORT aclError aclrtMallocHost(void **p, size_t size) {
+  *p = malloc(size ? size : 1);
+  return *p ? ACL_SUCCESS : ACL_ERROR_RT_MEMORY_ALLOCATION;
+}
+
+EXPORT aclError aclrtFreeHost(void *p) {
+  free(p);
+  return ACL_SUCCESS;
+}
+
+EXPORT aclError aclrtMemcpy(void *dst, size_t dest_max, const void *src, size_t count, int kind) {
+  (void)kind;
+  if (count > dest_max) return ACL_ERROR_RT_PARAM_INVALID;
+  if (count) memmove(dst, src, count);
+  return ACL_SUCCESS;
+}
+
+EXPORT aclError aclrtMemcpyAsync(void *dst, size_t dest_max, const void *src, size_t count, int kind,
+                                 aclrtStream stream) {
+  (void)stream;
+  return aclrtMemcpy(dst, dest_max, src, count, kind);
+}
+
+EXPORT aclError aclrtMemset(void *dst, size_t max_count, int32_t value, size_t count) {
+  if (count > max_count) return ACL_ERROR_RT_PARAM_INVALID;
+  if (count) memset(dst, value, count);
+  return ACL_SUCCESS;
+}
+
+EXPORT aclError aclrtMemsetAsync(void *dst, size_t max_count, int32_t value, size_t count,
+                                 aclrtStream stream) {
+  (void)stream;
+  return aclrtMemset(dst, max_count, value, count);
+}
+
+/* Contexts: one per thread is enough; torch_npu saves and restores it. */
+static int standin_context;
+EXPORT aclError aclrtGetCurrentContext(void **ctx) {
+  *ctx = &standin_context;
+  return ACL_SUCCESS;
+}
+
+EXPORT aclError aclrtSetCurrentContext(void *ctx) {
+  (void)ctx;
+  return ACL_SUCCESS;
+}
+
+EXPORT aclError aclrtDeviceCanAccessPeer(int32_t *can, int32_t device, int32_t peer) {
+  (void)device;
+  (void)peer;
+  *can = 0;
+  return ACL_SUCCESS;
+}
+
+EXPORT aclError aclrtEventElapsedTime(float *ms, aclrtEvent start, aclrtEvent end) {
+  (void)start;
+  (void)end;
+  *ms = 0.0f;
+  return ACL_SUCCESS;
+}
+
+/* Device initialisation settings torch_npu applies once per device. */
+EXPORT aclError aclrtSetDeviceSatMode(int mode) {
+  (void)mode;
+  return ACL_SUCCESS;
+}
+
+EXPORT aclError aclSetCompileopt(int opt, const char *value) {
+  (void)opt;
+  (void)value;
+  return ACL_SUCCESS;
+}
+
+/* System parameters (deterministic mode, ...): kept, read back as set. */
+static int64_t sys_params[16];
+EXPORT aclError aclrtSetSysParamOpt(int opt, int64_t value) {
+  if (opt < 0 || opt >= 16) return ACL_ERROR_RT_PARAM_INVALID;
+  sys_params[opt] = value;
+  return ACL_SUCCESS;
+}
+EXPORT aclError aclrtGetSysParamOpt(int opt, int64_t *value) {
+  if (opt < 0 || opt >= 16) return ACL_ERROR_RT_PARAM_INVALID;
+  *value = sys_params[opt];
+  return ACL_SUCCESS;
+}
+EXPORT aclError aclrtCtxSetSysParamOpt(int opt, int64_t value) { return aclrtSetSysParamOpt(opt, value); }
+EXPORT aclError aclrtCtxGetSysParamOpt(int opt, int64_t *value) { return aclrtGetSysParamOpt(opt, value); }
+
+EXPORT aclError aclrtSetOpExecuteTimeOut(uint32_t timeout) {
+  (void)timeout;
+  return ACL_SUCCESS;
+}
+EXPORT aclError aclrtSetOpWaitTimeout(uint32_t timeout) {
+  (void)timeout;
+  return ACL_SUCCESS;
+}
