@@ -8,7 +8,9 @@
 // stand-in CANN libraries).
 //
 // - malloc/free: npualloc_shim_malloc routes allocations to a graph-private pool while
-//   a torch_npu graph capture runs (see below), then calls npualloc_malloc.
+//   a torch_npu graph capture runs (see below), then calls npualloc_malloc; a failure
+//   is thrown as torch's error with npualloc's message (c10::OutOfMemoryError for out
+//   of memory, which Python sees as torch.OutOfMemoryError).
 // - record/erase_stream: torch_npu passes a c10_npu::NPUStream; npualloc takes its
 //   aclrtStream. The stream is remembered so the event hook can drain its task queue.
 // - get_device_stats: npualloc_device_stats -> c10::CachingDeviceAllocator::DeviceStats.
@@ -235,7 +237,17 @@ uint64_t addr(F* f) {
 extern "C" __attribute__((visibility("default"))) void* npualloc_shim_malloc(size_t size, int device,
                                                                            aclrtStream stream) {
   if (g_open_captures.load(std::memory_order_relaxed) > 0) route_if_captured(device, stream);
-  return npualloc_malloc(size, device, stream);
+  void* p = npualloc_malloc(size, device, stream);
+  if (p == nullptr && size != 0) {
+    // torch_npu would report a NULL as "Get data_ptr failed": raise torch's error with
+    // npualloc's message instead (torch.OutOfMemoryError for out of memory).
+    const char* err = npualloc_last_error();
+    std::string msg = err ? err : "unknown error";
+    TORCH_CHECK_WITH(OutOfMemoryError, msg.find("out of memory") == std::string::npos,
+                     "npualloc: ", msg);
+    TORCH_CHECK(false, "npualloc could not allocate ", size, " bytes: ", msg);
+  }
+  return p;
 }
 
 extern "C" __attribute__((visibility("default"))) void npualloc_shim_free(void* ptr, size_t size, int device,
