@@ -141,3 +141,129 @@ EXPORT aclError aclrtSetOpWaitTimeout(uint32_t timeout) {
   (void)timeout;
   return ACL_SUCCESS;
 }
+
+/* ---- graph capture (aclmdlRI*), as torch_npu's NPUGraph uses it -------------------
+ *
+ * A capture starts on one stream; a stream that waits on an event recorded in the
+ * capture joins it (as in CUDA). Event records and waits on capturing streams become
+ * nodes of the graph: nothing is queued. Replaying a graph queues one operation on the
+ * replay stream. gen_standin.py renames fake_acl.c's aclrtRecordEvent and
+ * aclrtStreamWaitEvent to fake_base_* so these wrappers can take their names. */
+
+typedef struct standin_model {
+  uint32_t id;
+  int destroyed;
+} standin_model;
+
+#define MAX_CAPTURING 64
+#define MAX_CAPTURE_EVENTS 1024
+static struct { aclrtStream stream; standin_model *model; } capturing[MAX_CAPTURING];
+static struct { aclrtEvent event; standin_model *model; } capture_events[MAX_CAPTURE_EVENTS];
+static uint32_t next_model_id = 1;
+static pthread_mutex_t capture_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* The model `stream` captures into, or NULL; capture_mu held. */
+static standin_model *capture_of(aclrtStream stream) {
+  for (int i = 0; i < MAX_CAPTURING; i++)
+    if (capturing[i].model && capturing[i].stream == stream) return capturing[i].model;
+  return NULL;
+}
+
+static aclError join_capture(aclrtStream stream, standin_model *m) {
+  for (int i = 0; i < MAX_CAPTURING; i++)
+    if (!capturing[i].model) {
+      capturing[i].stream = stream;
+      capturing[i].model = m;
+      return ACL_SUCCESS;
+    }
+  return ACL_ERROR_RT_PARAM_INVALID;
+}
+
+EXPORT aclError aclmdlRICaptureBegin(aclrtStream stream, int mode) {
+  (void)mode;
+  pthread_mutex_lock(&capture_mu);
+  aclError rc = ACL_ERROR_RT_PARAM_INVALID;
+  if (!capture_of(stream)) {
+    standin_model *m = calloc(1, sizeof *m);
+    m->id = next_model_id++;
+    rc = join_capture(stream, m);
+  }
+  pthread_mutex_unlock(&capture_mu);
+  return rc;
+}
+
+EXPORT aclError aclmdlRICaptureGetInfo(aclrtStream stream, int *status, void **model) {
+  pthread_mutex_lock(&capture_mu);
+  standin_model *m = capture_of(stream);
+  pthread_mutex_unlock(&capture_mu);
+  if (status) *status = m ? 1 /* ACTIVE */ : 0 /* NONE */;
+  if (model) *model = m;
+  return ACL_SUCCESS;
+}
+
+EXPORT aclError aclmdlRIGetId(void *model, uint32_t *id) {
+  if (!model) return ACL_ERROR_RT_PARAM_INVALID;
+  *id = ((standin_model *)model)->id;
+  return ACL_SUCCESS;
+}
+
+EXPORT aclError aclmdlRICaptureEnd(aclrtStream stream, void **model) {
+  pthread_mutex_lock(&capture_mu);
+  standin_model *m = capture_of(stream);
+  if (m) {
+    for (int i = 0; i < MAX_CAPTURING; i++)
+      if (capturing[i].model == m) capturing[i].model = NULL;
+    for (int i = 0; i < MAX_CAPTURE_EVENTS; i++)
+      if (capture_events[i].model == m) capture_events[i].model = NULL;
+  }
+  pthread_mutex_unlock(&capture_mu);
+  if (!m) return ACL_ERROR_RT_PARAM_INVALID;
+  *model = m;
+  return ACL_SUCCESS;
+}
+
+EXPORT aclError aclmdlRICaptureThreadExchangeMode(int *mode) {
+  (void)mode;
+  return ACL_SUCCESS;
+}
+
+EXPORT aclError aclmdlRIExecuteAsync(void *model, aclrtStream stream) {
+  if (!model || ((standin_model *)model)->destroyed) return ACL_ERROR_RT_PARAM_INVALID;
+  int device = current_device < 0 ? 0 : current_device;
+  return fake_acl_launch(device, stream, 1) ? ACL_ERROR_RT_PARAM_INVALID : ACL_SUCCESS;
+}
+
+EXPORT aclError aclmdlRIDestroy(void *model) {
+  if (!model) return ACL_ERROR_RT_PARAM_INVALID;
+  ((standin_model *)model)->destroyed = 1; /* kept, so later use is detected */
+  return ACL_SUCCESS;
+}
+
+EXPORT aclError aclrtRecordEvent(aclrtEvent event, aclrtStream stream) {
+  pthread_mutex_lock(&capture_mu);
+  standin_model *m = capture_of(stream);
+  aclError rc = ACL_SUCCESS;
+  if (m) {
+    rc = ACL_ERROR_RT_PARAM_INVALID;
+    for (int i = 0; i < MAX_CAPTURE_EVENTS; i++)
+      if (!capture_events[i].model || capture_events[i].event == event) {
+        capture_events[i].event = event;
+        capture_events[i].model = m;
+        rc = ACL_SUCCESS;
+        break;
+      }
+  }
+  pthread_mutex_unlock(&capture_mu);
+  return m ? rc : fake_base_aclrtRecordEvent(event, stream);
+}
+
+EXPORT aclError aclrtStreamWaitEvent(aclrtStream stream, aclrtEvent event) {
+  pthread_mutex_lock(&capture_mu);
+  standin_model *m = NULL;
+  for (int i = 0; i < MAX_CAPTURE_EVENTS; i++)
+    if (capture_events[i].model && capture_events[i].event == event) m = capture_events[i].model;
+  aclError rc = ACL_SUCCESS;
+  if (m && capture_of(stream) != m) rc = join_capture(stream, m);
+  pthread_mutex_unlock(&capture_mu);
+  return m ? rc : fake_base_aclrtStreamWaitEvent(stream, event);
+}
