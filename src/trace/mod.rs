@@ -12,6 +12,8 @@
 pub mod derive;
 #[cfg(feature = "cli")]
 pub mod pickle;
+#[cfg(feature = "cli")]
+pub mod unpickle;
 
 use std::collections::HashMap;
 use std::fmt;

@@ -5,12 +5,16 @@
 //! `free_completed` without a request also frees); `segment_*`, `snapshot`, `oom` and other
 //! actions are ignored. Addresses are reused over time, so each `alloc` gets a fresh id.
 //! Stream handles map to small integers: 0 stays 0, others are numbered in order of
-//! first appearance.
+//! first appearance. Each allocation's stack (`frames`) is kept in [`SnapshotTrace`];
+//! events that share one frame list in the pickle share it here too.
+//!
+//! The pickle is read by [`super::unpickle`] (shared references, no recursion, a depth
+//! limit).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
+use std::sync::Arc;
 
-use serde_pickle::{DeOptions, HashableValue, Value};
-
+use super::unpickle::{self, Node, NodeId, Pickle};
 use super::{Op, Trace, TraceError};
 
 fn err(file: &str, message: impl Into<String>) -> TraceError {
@@ -21,35 +25,94 @@ fn err(file: &str, message: impl Into<String>) -> TraceError {
     }
 }
 
-fn get<'a>(d: &'a BTreeMap<HashableValue, Value>, key: &str) -> Option<&'a Value> {
-    d.get(&HashableValue::String(key.to_owned()))
+/// One stack frame of a snapshot event (`{'filename', 'line', 'name'}`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Frame {
+    /// Source file.
+    pub filename: String,
+    /// Line number (0 when absent).
+    pub line: u64,
+    /// Function name.
+    pub name: String,
 }
 
-fn as_u64(v: Option<&Value>) -> Option<u64> {
-    match v? {
-        Value::I64(n) if *n >= 0 => Some(*n as u64),
-        Value::Int(n) => n.to_string().parse().ok(),
-        _ => None,
-    }
+/// A snapshot converted to a trace, with the stack of each allocation.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SnapshotTrace {
+    /// The trace (allocation ids are 0, 1, 2, ... in order).
+    pub trace: Trace,
+    /// `frames[id]`: the stack recorded for allocation `id`, innermost first as the
+    /// snapshot gives it (empty when the snapshot recorded none).
+    pub frames: Vec<Arc<[Frame]>>,
 }
 
 /// Converts snapshot pickle bytes into a trace of `device` (the first device with
 /// events when `None`).
 pub fn from_snapshot(bytes: &[u8], file: &str, device: Option<usize>) -> Result<Trace, TraceError> {
-    let value = serde_pickle::value_from_slice(bytes, DeOptions::new())
-        .map_err(|e| err(file, format!("not a readable pickle: {e}")))?;
-    let Value::Dict(top) = value else {
+    convert(bytes, file, device, false).map(|s| s.trace)
+}
+
+/// Like [`from_snapshot`], and also keeps each allocation's frames.
+pub fn read_snapshot(
+    bytes: &[u8],
+    file: &str,
+    device: Option<usize>,
+) -> Result<SnapshotTrace, TraceError> {
+    convert(bytes, file, device, true)
+}
+
+/// Frames of one event, shared between events that share the list in the pickle.
+fn frames_of(event: Node<'_>, cache: &mut HashMap<NodeId, Arc<[Frame]>>) -> Arc<[Frame]> {
+    let Some(list) = event.get("frames") else {
+        return Arc::from([]);
+    };
+    if let Some(f) = cache.get(&list.id()) {
+        return f.clone();
+    }
+    let frames: Arc<[Frame]> = list
+        .items()
+        .into_iter()
+        .flatten()
+        .map(|f| Frame {
+            filename: f
+                .get("filename")
+                .and_then(|n| n.as_str())
+                .unwrap_or("")
+                .to_owned(),
+            line: f.get("line").and_then(|n| n.as_u64()).unwrap_or(0),
+            name: f
+                .get("name")
+                .and_then(|n| n.as_str())
+                .unwrap_or("")
+                .to_owned(),
+        })
+        .collect();
+    cache.insert(list.id(), frames.clone());
+    frames
+}
+
+fn convert(
+    bytes: &[u8],
+    file: &str,
+    device: Option<usize>,
+    with_frames: bool,
+) -> Result<SnapshotTrace, TraceError> {
+    let pickle: Pickle =
+        unpickle::read(bytes).map_err(|e| err(file, format!("not a readable pickle: {e}")))?;
+    let top = pickle.root();
+    if !matches!(top.value(), unpickle::Value::Dict(_)) {
         return Err(err(
             file,
             "expected a dict at the top (a PyTorch memory snapshot)",
         ));
-    };
-    let Some(Value::List(devices)) = get(&top, "device_traces") else {
+    }
+    let Some(devices) = top.get("device_traces").and_then(|d| d.items()) else {
         return Err(err(
             file,
             "no 'device_traces' list: record memory history before dumping the snapshot",
         ));
     };
+    let devices: Vec<Node<'_>> = devices.collect();
     let index = match device {
         Some(d) if d < devices.len() => d,
         Some(d) => {
@@ -63,35 +126,34 @@ pub fn from_snapshot(bytes: &[u8], file: &str, device: Option<usize>) -> Result<
         }
         None => devices
             .iter()
-            .position(|t| matches!(t, Value::List(l) if !l.is_empty()))
+            .position(|t| t.items().is_some_and(|l| l.len() > 0))
             .ok_or_else(|| err(file, "every device trace is empty"))?,
     };
-    let Value::List(entries) = &devices[index] else {
+    let Some(entries) = devices[index].items() else {
         return Err(err(file, format!("device_traces[{index}] is not a list")));
     };
 
     let mut ops = Vec::with_capacity(entries.len());
+    let mut frames = Vec::new();
+    let mut frame_cache = HashMap::new();
     let mut live: HashMap<u64, u64> = HashMap::new(); // addr -> id
     let mut streams: HashMap<u64, u32> = HashMap::from([(0, 0)]);
     let mut next_id = 0u64;
-    for (i, e) in entries.iter().enumerate() {
-        let Value::Dict(d) = e else {
+    for (i, d) in entries.enumerate() {
+        if !matches!(d.value(), unpickle::Value::Dict(_)) {
             return Err(err(
                 file,
                 format!("device_traces[{index}][{i}] is not a dict"),
             ));
-        };
-        let action = match get(d, "action") {
-            Some(Value::String(s)) => s.as_str(),
-            _ => {
-                return Err(err(
-                    file,
-                    format!("device_traces[{index}][{i}] has no 'action' string"),
-                ))
-            }
+        }
+        let Some(action) = d.get("action").and_then(|a| a.as_str()) else {
+            return Err(err(
+                file,
+                format!("device_traces[{index}][{i}] has no 'action' string"),
+            ));
         };
         let field = |name: &str| {
-            as_u64(get(d, name)).ok_or_else(|| {
+            d.get(name).and_then(|n| n.as_u64()).ok_or_else(|| {
                 err(file, format!("device_traces[{index}][{i}] ({action}) has no non-negative integer '{name}'"))
             })
         };
@@ -106,6 +168,9 @@ pub fn from_snapshot(bytes: &[u8], file: &str, device: Option<usize>) -> Result<
                     size,
                     stream: label,
                 });
+                if with_frames {
+                    frames.push(frames_of(d, &mut frame_cache));
+                }
                 next_id += 1;
             }
             "free_requested" | "free_completed" => {
@@ -116,8 +181,11 @@ pub fn from_snapshot(bytes: &[u8], file: &str, device: Option<usize>) -> Result<
             _ => {}
         }
     }
-    Ok(Trace {
-        name: file.to_owned(),
-        ops,
+    Ok(SnapshotTrace {
+        trace: Trace {
+            name: file.to_owned(),
+            ops,
+        },
+        frames,
     })
 }

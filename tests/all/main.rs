@@ -11,6 +11,7 @@ mod faults;
 mod graph_pools;
 mod lending;
 mod mstx;
+mod pickle;
 mod props;
 mod replay;
 mod stress;

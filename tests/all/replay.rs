@@ -114,7 +114,7 @@ fn snapshot_pickle_converts_to_the_same_events() {
     assert!(err.to_string().contains("not a readable pickle"), "{err}");
 }
 
-fn cli(args: &[&str]) -> (i32, String, String) {
+pub(crate) fn cli(args: &[&str]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_npualloc"))
         .args(args)
         .output()
@@ -246,7 +246,7 @@ fn cli_rejects_malformed_input_with_file_and_line() {
     assert!(err.contains("--capacity"), "{err}");
 }
 
-fn tempdir(tag: &str) -> PathBuf {
+pub(crate) fn tempdir(tag: &str) -> PathBuf {
     let d =
         PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
