@@ -28,9 +28,10 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 FAKE_ACL = REPO / "tests" / "fake_acl" / "fake_acl.c"
 EXTRA = HERE / "standin_extra.c"
-# fake_acl.c functions standin_extra.c wraps (graph capture): included under the name
+# fake_acl.c functions standin_extra.c wraps (graph capture, virtual memory before a
+# device is set): included under the name
 # fake_base_<name>.
-WRAPPED = ("aclrtRecordEvent", "aclrtStreamWaitEvent")
+WRAPPED = ("aclrtRecordEvent", "aclrtStreamWaitEvent", "aclrtReserveMemAddress", "aclrtReleaseMemAddress")
 # torch_npu libraries loaded by `import torch_npu` (libop_plugin_atb.so loads only
 # with the ATB operators, which need libatb from the NPU toolkit).
 LOADED = ("_C*.so", "lib/libtorch_npu.so", "lib/libtensorpipe.so", "lib/libnpu_profiler.so")

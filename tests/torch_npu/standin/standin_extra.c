@@ -267,3 +267,27 @@ EXPORT aclError aclrtStreamWaitEvent(aclrtStream stream, aclrtEvent event) {
   pthread_mutex_unlock(&capture_mu);
   return m ? rc : fake_base_aclrtStreamWaitEvent(stream, event);
 }
+
+/* torch_npu probes virtual memory (aclrtReserveMemAddress of 512 bytes, then
+ * aclrtReleaseMemAddress) while parsing PYTORCH_NPU_ALLOC_CONF, before it sets a device
+ * on the thread: the stand-in uses device 0 and rounds the size to its granularity. */
+EXPORT aclError aclrtReserveMemAddress(void **va, size_t size, size_t alignment, void *expect,
+                                       uint64_t flags) {
+  if (current_device < 0) current_device = 0;
+  size = (size + GRANULARITY - 1) / GRANULARITY * GRANULARITY; /* it probes with 512 bytes */
+  return fake_base_aclrtReserveMemAddress(va, size, alignment, expect, flags);
+}
+
+EXPORT aclError aclrtReleaseMemAddress(void *va) {
+  if (current_device < 0) current_device = 0;
+  return fake_base_aclrtReleaseMemAddress(va);
+}
+
+/* Per-module memory usage (torch_npu's _dump_snapshot writes it to a CSV): none. */
+EXPORT aclError aclrtGetMemUsageInfo(int32_t device, void *info, size_t input_num, size_t *output_num) {
+  (void)device;
+  (void)info;
+  (void)input_num;
+  *output_num = 0;
+  return ACL_SUCCESS;
+}
