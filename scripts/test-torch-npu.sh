@@ -6,7 +6,7 @@
 # The wheels go into a private virtual environment cached under
 # $NPUALLOC_CACHE (default ~/.cache/npualloc), keyed by the pinned versions; never into
 # the system site-packages. If they cannot be fetched this fails, with a message.
-# Usage: bash scripts/test-torch-npu.sh [scenario-name-filter]
+# Usage: bash scripts/test-torch-npu.sh [--install-only | scenario-name-filter]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -40,6 +40,10 @@ if [ ! -f "$venv/.complete" ]; then
     exit 1
   fi
   touch "$venv/.complete"
+fi
+if [ "${1:-}" = "--install-only" ]; then
+  echo "torch $TORCH_VERSION + torch_npu $TORCH_NPU_VERSION ready in $venv"
+  exit 0
 fi
 
 cargo build -q -p npualloc-ffi
