@@ -6,7 +6,7 @@
 # The wheels go into a private virtual environment cached under
 # $NPUALLOC_CACHE (default ~/.cache/npualloc), keyed by the pinned versions; never into
 # the system site-packages. If they cannot be fetched this fails, with a message.
-# Usage: bash scripts/test-torch-npu.sh [--install-only | scenario-name-filter]
+# Usage: bash scripts/test-torch-npu.sh [--install-only | --anchor TRACE... | scenario-name-filter]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -61,4 +61,9 @@ export TORCH_NPU_STANDIN="$standin"
 # The shim is compiled once per source/flags and kept here between runs.
 export TORCH_EXTENSIONS_DIR="$cache/torch_extensions-$TORCH_NPU_VERSION"
 export MAX_JOBS=1
-exec "$venv/bin/python" tests/torch_npu/run.py "$@"
+if [ "${1:-}" = "--anchor" ]; then
+  shift
+  "$venv/bin/python" tests/torch_npu/anchor.py "$@"
+  exit
+fi
+"$venv/bin/python" tests/torch_npu/run.py "$@"

@@ -5,9 +5,8 @@ Use with torch_npu (before the first NPU allocation)::
     import npualloc
     npualloc.install()
 
-Verified here: the loading path (ctypes, exactly as NPUPluggableAllocator does it) and
-the installer's calls, against a stand-in module. Not yet verified against a real
-torch_npu or NPU (none was available).
+Verified with the real torch_npu 2.14.0 / torch 2.14.0 wheels on stand-in CANN
+libraries (tests/torch_npu); not on an NPU (none was available).
 """
 
 import ctypes

@@ -19,13 +19,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 EXPECTED_FAILURES = {}
 
 
-def main():
+def scenario_env():
+    """The environment of a scenario process (set by scripts/test-torch-npu.sh first)."""
     standin = os.environ["TORCH_NPU_STANDIN"]
-    flt = sys.argv[1] if len(sys.argv) > 1 else ""
-    names = sorted(f[:-3] for f in os.listdir(os.path.join(HERE, "scenarios"))
-                   if f.endswith(".py") and flt in f)
-    if not names:
-        sys.exit("run.py: no scenario matches %r" % flt)
     env = dict(os.environ)
     env["LD_LIBRARY_PATH"] = standin + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
     env["LD_PRELOAD"] = os.path.join(standin, "libcuda_keys_interposer.so")
@@ -33,6 +29,16 @@ def main():
     env.setdefault("FAKE_ACL_CAPACITY", str(1 << 30))
     env.pop("NPUALLOC_CONF", None)
     env.pop("PYTORCH_NPU_ALLOC_CONF", None)
+    return env
+
+
+def main():
+    flt = sys.argv[1] if len(sys.argv) > 1 else ""
+    names = sorted(f[:-3] for f in os.listdir(os.path.join(HERE, "scenarios"))
+                   if f.endswith(".py") and flt in f)
+    if not names:
+        sys.exit("run.py: no scenario matches %r" % flt)
+    env = scenario_env()
     failed = []
     for name in names:
         t0 = time.time()
