@@ -149,6 +149,24 @@ class BadInput(unittest.TestCase):
         self.assertIn("max_split_size_mb", npualloc.last_error())
         self.assertTrue(consistent())
 
+    def test_init_takes_the_device_count(self):
+        # torch_npu's and torch.cuda's pluggable allocators call init_fn(device_count).
+        seen = []
+
+        def run():  # a fresh thread: its last error starts empty
+            n = lib().npualloc_device_count()
+            lib().npualloc_init(n)
+            seen.append((n, lib().npualloc_last_error()))
+            lib().npualloc_init(n + 1)
+            seen.append((n, lib().npualloc_last_error()))
+        t = threading.Thread(target=run)
+        t.start()
+        t.join()
+        (n, after_count), (_, after_more) = seen
+        self.assertGreaterEqual(n, 1)
+        self.assertIsNone(after_count, "init(device count) recorded an error")
+        self.assertIn(b"torch sees %d device(s)" % (n + 1), after_more)
+
     def test_last_error_is_per_thread(self):
         seen = []
         t = threading.Thread(target=lambda: seen.append(lib().npualloc_last_error()))
