@@ -35,6 +35,7 @@
 
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -135,6 +136,7 @@ struct Capture {
 std::mutex g_capture_mu;
 std::vector<Capture> g_captures;
 std::atomic<int> g_open_captures{0};
+std::vector<std::pair<int, c10::MempoolId_t>> g_pools;  // pools npualloc has (released once)
 
 void route_if_captured(int device, aclrtStream stream) {
   std::lock_guard<std::mutex> lock(g_capture_mu);
@@ -143,8 +145,12 @@ void route_if_captured(int device, aclrtStream stream) {
     for (auto s : c.routed)
       if (s == stream) return;
     if (!c.filter || !c.filter(stream)) continue;
-    if (npualloc_begin_allocate_to_pool(device, c.pool.first, c.pool.second, stream) == NPUALLOC_OK)
-      c.routed.push_back(stream);
+    int rc = npualloc_begin_allocate_to_pool(device, c.pool.first, c.pool.second, stream);
+    TORCH_CHECK(rc == NPUALLOC_OK, "npualloc could not route a captured stream to the graph's pool: ",
+                npualloc_last_error());
+    c.routed.push_back(stream);
+    auto key = std::make_pair(device, c.pool);
+    if (std::find(g_pools.begin(), g_pools.end(), key) == g_pools.end()) g_pools.push_back(key);
     return;
   }
 }
@@ -169,35 +175,57 @@ void end_allocate_to_pool(int device, c10::MempoolId_t pool) {
 
 void release_pool(int device, c10::MempoolId_t pool) {
   // A capture that allocated nothing created no pool in npualloc: nothing to release.
+  std::lock_guard<std::mutex> lock(g_capture_mu);
+  auto it = std::find(g_pools.begin(), g_pools.end(), std::make_pair(device, pool));
+  if (it == g_pools.end()) return;
+  g_pools.erase(it);
   npualloc_release_pool(device, pool.first, pool.second);
 }
 
 // ---- runtime hooks -----------------------------------------------------------------
+// npualloc (Rust) calls these: no C++ exception may unwind through it, so each hook
+// turns one into a failure code (npualloc then reports the operation as failed).
+
+constexpr int kHookFailed = -1;
+
+template <typename F>
+int guarded(F&& f) noexcept {
+  try {
+    return f();
+  } catch (const std::exception& e) {
+    TORCH_WARN("npualloc runtime hook failed: ", e.what());
+  } catch (...) {
+  }
+  return kHookFailed;
+}
 
 int device_synchronize(void*, int) {
-  c10_npu::npuSynchronizeDevice(true);
-  return 0;
+  return guarded([] { return c10_npu::npuSynchronizeDevice(true) ? 0 : kHookFailed; });
 }
 
 int event_create(void*, int device, void** ev) {
-  c10_npu::NPUGuard guard(static_cast<c10::DeviceIndex>(device));
-  int rc = aclrtCreateEventWithFlag(ev, ACL_EVENT_CAPTURE_STREAM_PROGRESS);
-  if (rc == ACL_SUCCESS) {
-    std::lock_guard<std::mutex> lock(g_mu);
-    g_event_device[*ev] = device;
-  }
-  return rc;
+  return guarded([&] {
+    c10_npu::NPUGuard guard(static_cast<c10::DeviceIndex>(device));
+    int rc = aclrtCreateEventWithFlag(ev, ACL_EVENT_CAPTURE_STREAM_PROGRESS);
+    if (rc == ACL_SUCCESS) {
+      std::lock_guard<std::mutex> lock(g_mu);
+      g_event_device[*ev] = device;
+    }
+    return rc;
+  });
 }
 
 int event_destroy(void*, void* ev) {
-  {
-    std::lock_guard<std::mutex> lock(g_mu);
-    g_event_device.erase(ev);
-  }
-  return aclrtDestroyEvent(ev);
+  return guarded([&] {
+    {
+      std::lock_guard<std::mutex> lock(g_mu);
+      g_event_device.erase(ev);
+    }
+    return aclrtDestroyEvent(ev);
+  });
 }
 
-int event_record(void*, void* ev, npualloc_stream stream) {
+int record_after_drain(void* ev, npualloc_stream stream) {
   // Kernels queued on the host before this point must reach the stream first.
   c10::optional<c10::Stream> known;
   int device = -1;
@@ -214,6 +242,10 @@ int event_record(void*, void* ev, npualloc_stream stream) {
     (void)c10_npu::getDefaultNPUStream(static_cast<c10::DeviceIndex>(device)).stream();
   }
   return aclrtRecordEvent(ev, stream);
+}
+
+int event_record(void*, void* ev, npualloc_stream stream) {
+  return guarded([&] { return record_after_drain(ev, stream); });
 }
 
 int event_query(void*, void* ev, int* done) {

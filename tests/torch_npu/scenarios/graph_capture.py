@@ -68,7 +68,14 @@ torch.npu.empty_cache()
 check(not any(tuple(s["segment_pool_id"]) == pool for s in segments()),
       "the released pool's segments were not returned by empty_cache")
 check(torch.npu.memory_reserved() < reserved, "nothing returned")
+check(npualloc.last_error() is None, "release left an error: %s" % npualloc.last_error())
 check(ctx.lib.npualloc_check_invariants(0) == 0, npualloc.last_error())
 check(si.counters().violations == 0, "stand-in saw misuse")
+# A capture that allocates nothing creates no pool in npualloc; its release is silent.
+empty = torch.npu.NPUGraph()
+with torch.npu.graph(empty, stream=capture):
+    pass
+empty.reset()
+check(npualloc.last_error() is None, "empty capture: %s" % npualloc.last_error())
 del c, static_in
 passed("graph_capture")
