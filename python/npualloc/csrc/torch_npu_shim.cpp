@@ -12,7 +12,8 @@
 //   is thrown as torch's error with npualloc's message (c10::OutOfMemoryError for out
 //   of memory, which Python sees as torch.OutOfMemoryError).
 // - record/erase_stream: torch_npu passes a c10_npu::NPUStream; npualloc takes its
-//   aclrtStream. The stream is remembered so the event hook can drain its task queue.
+//   aclrtStream. The stream is remembered (as is each allocation's stream, the current
+//   one) so the event hook can drain that stream's task queue.
 // - get_device_stats: npualloc_device_stats -> c10::CachingDeviceAllocator::DeviceStats.
 //   torch 2.14's num_oom_rejections is 0 (npualloc has no OOM preemption policy);
 //   reserved_bytes_by_private_pools stays empty (npualloc reports no per-pool figure;
@@ -30,8 +31,9 @@
 //   could land before kernels still waiting there. Before recording, the event hook
 //   drains the queue holding the stream's work: NPUStream::stream() (exported) empties
 //   the queue of that stream, which is the device's shared queue unless torch_npu runs
-//   one queue per stream. Device synchronisation is npuSynchronizeDevice(true), which
-//   drains every queue first.
+//   one queue per stream; a stream the shim never saw gets the device's default queue
+//   drained. Device synchronisation is npuSynchronizeDevice(true), which drains every
+//   queue first.
 
 #include <torch/extension.h>
 
@@ -69,6 +71,20 @@ void remember(const c10_npu::NPUStream& stream) {
   aclrtStream raw = stream.stream(false);
   std::lock_guard<std::mutex> lock(g_mu);
   g_streams.emplace(raw, stream.unwrap());
+}
+
+// Allocation streams too (npualloc records events on them when it lends memory across
+// streams): torch_npu allocates on the current stream, remembered once per stream.
+void remember_allocation_stream(int device, aclrtStream raw) {
+  thread_local aclrtStream last = nullptr;
+  if (raw == last) return;
+  last = raw;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    if (g_streams.count(raw)) return;
+  }
+  auto cur = c10_npu::getCurrentNPUStream(static_cast<c10::DeviceIndex>(device));
+  if (cur.stream(false) == raw) remember(cur);
 }
 
 void record_stream(void* ptr, c10_npu::NPUStream stream) {
@@ -268,6 +284,7 @@ uint64_t addr(F* f) {
 // extension's file).
 extern "C" __attribute__((visibility("default"))) void* npualloc_shim_malloc(size_t size, int device,
                                                                            aclrtStream stream) {
+  remember_allocation_stream(device, stream);
   if (g_open_captures.load(std::memory_order_relaxed) > 0) route_if_captured(device, stream);
   void* p = npualloc_malloc(size, device, stream);
   if (p == nullptr && size != 0) {
