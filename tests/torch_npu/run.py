@@ -18,6 +18,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # name -> why it is expected to fail (issue and item)
 EXPECTED_FAILURES = {}
 
+# Scenarios run again under other settings: torch_npu's task queue off (0) and in its
+# second mode (2, one queue per stream where it applies); the default is 1.
+VARIANTS = {
+    "record_stream": [{"TASK_QUEUE_ENABLE": "0"}, {"TASK_QUEUE_ENABLE": "2"}],
+    "events": [{"TASK_QUEUE_ENABLE": "0"}, {"TASK_QUEUE_ENABLE": "2"}],
+}
+
 
 def scenario_env():
     """The environment of a scenario process (set by scripts/test-torch-npu.sh first)."""
@@ -29,6 +36,7 @@ def scenario_env():
     env.setdefault("FAKE_ACL_CAPACITY", str(1 << 30))
     env.pop("NPUALLOC_CONF", None)
     env.pop("PYTORCH_NPU_ALLOC_CONF", None)
+    env.pop("TASK_QUEUE_ENABLE", None)  # torch_npu's default (1) unless a variant sets it
     return env
 
 
@@ -38,12 +46,16 @@ def main():
                    if f.endswith(".py") and flt in f)
     if not names:
         sys.exit("run.py: no scenario matches %r" % flt)
-    env = scenario_env()
+    base_env = scenario_env()
     failed = []
-    for name in names:
+    runs = [(n, n, {}) for n in names]
+    runs += [("%s[%s]" % (n, ",".join("%s=%s" % kv for kv in v.items())), n, v)
+             for n in names for v in VARIANTS.get(n, [])]
+    for name, script, extra in runs:
+        env = dict(base_env, **extra)
         t0 = time.time()
         with tempfile.TemporaryDirectory() as cwd:  # torch_npu may write files there
-            p = subprocess.run([sys.executable, os.path.join(HERE, "scenarios", name + ".py")],
+            p = subprocess.run([sys.executable, os.path.join(HERE, "scenarios", script + ".py")],
                                env=env, cwd=cwd, capture_output=True, text=True, timeout=600)
         took = time.time() - t0
         ok = p.returncode == 0
@@ -64,7 +76,7 @@ def main():
             sys.stdout.write(p.stderr[-6000:])
     if failed:
         sys.exit("torch_npu scenarios failed: %s" % ", ".join(failed))
-    print("all %d torch_npu scenarios passed" % len(names))
+    print("all %d torch_npu scenario runs passed" % len(runs))
 
 
 if __name__ == "__main__":
