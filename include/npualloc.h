@@ -102,7 +102,10 @@ typedef struct {
 typedef npualloc_stat npualloc_stat_array[3];
 
 /**
- * Device statistics, field for field PyTorch's `c10::CachingDeviceAllocator::DeviceStats`.
+ * Device statistics: PyTorch's `c10::CachingDeviceAllocator::DeviceStats` (torch 2.14)
+ * in its order, less two fields npualloc does not keep: `reserved_bytes_by_private_pools`
+ * (a map per graph pool; the pools' bytes are counted in `reserved_bytes`) and
+ * `num_oom_rejections` (npualloc has no OOM preemption policy: always 0).
  */
 typedef struct {
   /**
@@ -283,10 +286,11 @@ void *npualloc_malloc(size_t size, int device, npualloc_stream stream);
 void npualloc_free(void *ptr, size_t size, int device, npualloc_stream stream);
 
 /**
- * Prepares the allocator of `device` (torch_npu passes the current device index).
- * Idempotent; an invalid device records an error.
+ * Prepares npualloc for `device_count` devices (torch_npu's and torch.cuda's
+ * pluggable allocators pass the number of devices they see): reads the settings and
+ * opens the backend. Idempotent; a count above the backend's records an error.
  */
-void npualloc_init(int device);
+void npualloc_init(int device_count);
 
 /**
  * Releases every cached, unused segment on all devices, after waiting for pending

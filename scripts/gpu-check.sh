@@ -1,12 +1,27 @@
 #!/usr/bin/env bash
 # Validates npualloc on a machine with an NVIDIA GPU and PyTorch (never needed by CI):
-# builds libnpualloc, installs it with npualloc.install_cuda() in fresh processes, and
-# compares it, with and without expandable segments, with PyTorch's native caching
-# allocator (A/B/C/A/B/C): seed scenario with real
-# CUDA streams (200 runs), a transformer training step's losses to the last bit, timing
-# of torch.empty and of the step, and peak device memory used.
+# installs a libnpualloc.so built beforehand with npualloc.install_cuda() in fresh
+# processes, and compares it, with and without expandable segments, with PyTorch's
+# native caching allocator (A/B/C/A/B/C): seed scenario with real CUDA streams (200
+# runs), a transformer training step's losses to the last bit, timing of torch.empty and
+# of the step, and peak device memory used.
+#
+# The GPU machine has PyTorch but no Rust toolchain: build the library where Rust is
+# (`cargo build --release -p npualloc-ffi`) and carry target/release/libnpualloc.so
+# there with the repository (or point NPUALLOC_LIB at it). This script never builds.
+# Usage: [NPUALLOC_LIB=/path/libnpualloc.so] bash scripts/gpu-check.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release -p npualloc-ffi
-export NPUALLOC_LIB="$PWD/target/release/libnpualloc.so" NPUALLOC_BACKEND=cuda
+lib="${NPUALLOC_LIB:-$PWD/target/release/libnpualloc.so}"
+if [ ! -f "$lib" ]; then
+  echo "gpu-check: $lib not found. Build it on a machine with Rust" \
+       "(cargo build --release -p npualloc-ffi) and carry target/release/libnpualloc.so" \
+       "here, or set NPUALLOC_LIB to its path." >&2
+  exit 2
+fi
+if ! nm -D --defined-only "$lib" 2>/dev/null | grep -q ' npualloc_malloc$'; then
+  echo "gpu-check: $lib does not export npualloc_malloc: not a libnpualloc build" >&2
+  exit 2
+fi
+export NPUALLOC_LIB="$lib" NPUALLOC_BACKEND=cuda
 python3 scripts/gpu_check.py

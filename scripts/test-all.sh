@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs every test of the project: Rust (unit, integration, doc), C and Python.
+# Runs every test of the project: Rust (unit, integration, doc), C, Python, and the
+# real torch_npu against npualloc (downloads the pinned wheels once, cached).
 # Usage: bash scripts/test-all.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,5 +18,9 @@ fi
 if [ -x scripts/test-python.sh ]; then
   echo "== Python tests =="
   bash scripts/test-python.sh
+fi
+if [ -x scripts/test-torch-npu.sh ]; then
+  echo "== torch_npu tests (the real torch_npu 2.14 wheel on stand-in CANN libraries) =="
+  bash scripts/test-torch-npu.sh
 fi
 echo "== all tests passed =="

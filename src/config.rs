@@ -7,7 +7,9 @@
 //! `expandable_segments`, `large_segment_size_mb`, `small_segment_size_mb`,
 //! `page_size` (`1g`), and npualloc's own `reclaim_before_growth`, `adaptive_segments`,
 //! `hot_cache`, `lend_segments` and `lend_blocks` (all `False` gives PyTorch's policy
-//! exactly).
+//! exactly). `Config::parse_torch_npu` reads `PYTORCH_NPU_ALLOC_CONF` as torch_npu 2.14
+//! does: every key torch_npu accepts is accepted (equivalents honoured, the rest listed
+//! as ignored).
 
 use crate::error::Error;
 
@@ -310,9 +312,137 @@ fn parse_divisions(key: &str, value: &str) -> Result<[usize; ROUNDUP_INTERVALS],
     Ok(table)
 }
 
+/// How torch_npu checks the value of a key npualloc ignores.
+#[derive(Clone, Copy)]
+enum Ignored {
+    Bool,
+    Whole,
+    AlignKb,
+}
+
+/// Keys torch_npu 2.14 accepts in `PYTORCH_NPU_ALLOC_CONF` that mean nothing for
+/// npualloc's device memory: pinned host memory, and switches of torch_npu's own
+/// allocator (address alignment, lazy reclaim, its lock, throwing on OOM).
+const TORCH_NPU_IGNORED: &[(&str, Ignored)] = &[
+    ("pinned_use_background_threads", Ignored::Bool),
+    ("pinned_max_round_threshold_mb", Ignored::Whole),
+    ("pinned_max_cached_size_mb", Ignored::Whole),
+    ("pin_memory_expandable_segments", Ignored::Bool),
+    ("pinned_mem_register", Ignored::Bool),
+    ("pinned_reserve_segment_size_mb", Ignored::Whole),
+    ("base_addr_aligned_kb", Ignored::AlignKb),
+    ("multi_stream_lazy_reclaim", Ignored::Bool),
+    ("release_lock_on_npumalloc", Ignored::Bool),
+    ("throw_on_npumalloc_oom", Ignored::Bool),
+];
+
+/// Settings read from torch_npu's `PYTORCH_NPU_ALLOC_CONF` (`Config::parse_torch_npu`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TorchNpuConf {
+    /// The settings npualloc shares with torch_npu.
+    pub config: Config,
+    /// `per_process_memory_fraction`, to apply to every device.
+    pub memory_fraction: Option<f64>,
+    /// Keys accepted but without meaning for npualloc (warn about them once).
+    pub ignored: Vec<String>,
+}
+
+impl Config {
+    /// Parses `PYTORCH_NPU_ALLOC_CONF` as torch_npu 2.14 accepts it: npualloc's keys,
+    /// `segment_size_mb` (torch_npu's deprecated name of `large_segment_size_mb`),
+    /// `per_process_memory_fraction`, and the keys of `TORCH_NPU_IGNORED`, whose values
+    /// are checked as torch_npu checks them and which are then listed in `ignored`. Any
+    /// other key or a bad value is an error.
+    pub fn parse_torch_npu(s: &str) -> Result<TorchNpuConf, Error> {
+        let s: String = s.chars().filter(|c| !c.is_whitespace()).collect();
+        let (mut kept, mut ignored, mut memory_fraction) = (Vec::new(), Vec::new(), None);
+        for item in split_top_level(&s) {
+            let Some((key, value)) = item.split_once(':') else {
+                kept.push(item.to_string());
+                continue;
+            };
+            if key == "segment_size_mb" {
+                parse_mb(key, value, 20)?;
+                kept.push(format!("large_segment_size_mb:{value}"));
+            } else if key == "per_process_memory_fraction" {
+                let f: f64 = value
+                    .parse()
+                    .map_err(|_| bad(key, value, "expected a number"))?;
+                if !(0.0..=1.0).contains(&f) {
+                    return Err(bad(key, value, "must be within [0, 1]"));
+                }
+                memory_fraction = Some(f);
+            } else if let Some(&(_, kind)) = TORCH_NPU_IGNORED.iter().find(|(k, _)| *k == key) {
+                match kind {
+                    Ignored::Bool => {
+                        parse_bool(key, value)?;
+                    }
+                    Ignored::Whole => {
+                        parse_mb(key, value, 0)?;
+                    }
+                    Ignored::AlignKb => {
+                        if parse_mb(key, value, 0)? > 16 * MIB {
+                            return Err(bad(key, value, "must be within [0, 16]"));
+                        }
+                    }
+                }
+                ignored.push(key.to_string());
+            } else {
+                kept.push(item.to_string());
+            }
+        }
+        Ok(TorchNpuConf {
+            config: Config::parse(&kept.join(","))?,
+            memory_fraction,
+            ignored,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn accepts_every_torch_npu_key() {
+        let t = Config::parse_torch_npu(
+            "expandable_segments:True,base_addr_aligned_kb:16,segment_size_mb:40,\
+             per_process_memory_fraction:0.5,pinned_use_background_threads:True,\
+             pinned_max_round_threshold_mb:4,pinned_max_cached_size_mb:64,\
+             pin_memory_expandable_segments:False,pinned_mem_register:False,\
+             pinned_reserve_segment_size_mb:8,multi_stream_lazy_reclaim:True,\
+             release_lock_on_npumalloc:True,throw_on_npumalloc_oom:False,page_size:1g",
+        )
+        .unwrap();
+        assert!(t.config.expandable_segments);
+        assert_eq!(t.config.large_page, 1 << 30); // page_size after segment_size_mb
+        assert_eq!(t.memory_fraction, Some(0.5));
+        assert_eq!(t.ignored.len(), 10);
+        assert_eq!(t.ignored[0], "base_addr_aligned_kb");
+        let t = Config::parse_torch_npu("segment_size_mb:40").unwrap();
+        assert_eq!(t.config.large_page, 40 * MIB);
+        assert_eq!(t.config, Config::parse("large_segment_size_mb:40").unwrap());
+    }
+
+    #[test]
+    fn refuses_what_torch_npu_refuses() {
+        for bad in [
+            "base_addr_aligned_kb:17",
+            "base_addr_aligned_kb:x",
+            "per_process_memory_fraction:1.5",
+            "multi_stream_lazy_reclaim:yes",
+            "segment_size_mb:10",
+            "no_such_key:1",
+            "expandable_segments:True,max_split_size_mb:128",
+        ] {
+            let e = Config::parse_torch_npu(bad).unwrap_err().to_string();
+            let key = bad.split(':').next().unwrap();
+            assert!(
+                e.contains(key) || e.contains("max_split_size_mb"),
+                "{bad}: {e}"
+            );
+        }
+    }
 
     #[test]
     fn defaults_from_empty_string() {

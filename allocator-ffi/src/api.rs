@@ -95,12 +95,22 @@ pub extern "C" fn npualloc_free(
     })
 }
 
-/// Prepares the allocator of `device` (torch_npu passes the current device index).
-/// Idempotent; an invalid device records an error.
+/// Prepares npualloc for `device_count` devices (torch_npu's and torch.cuda's
+/// pluggable allocators pass the number of devices they see): reads the settings and
+/// opens the backend. Idempotent; a count above the backend's records an error.
 #[no_mangle]
-pub extern "C" fn npualloc_init(device: c_int) {
+pub extern "C" fn npualloc_init(device_count: c_int) {
     or_default("npualloc_init", (), || {
-        runtime()?.check_device(device)?;
+        let rt = runtime()?;
+        if device_count < 0 || device_count as usize > rt.device_count() {
+            return Err(Failure::new(
+                NPUALLOC_ERR_INVALID_ARGUMENT,
+                format!(
+                    "torch sees {device_count} device(s), the backend {}",
+                    rt.device_count()
+                ),
+            ));
+        }
         Ok(())
     })
 }

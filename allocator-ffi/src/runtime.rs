@@ -44,6 +44,8 @@ pub(crate) struct Runtime {
     pub backend: Arc<dyn Device>,
     pub sim: Option<Arc<SimDevice>>,
     config: Mutex<Config>,
+    /// `per_process_memory_fraction` from `PYTORCH_NPU_ALLOC_CONF`, set on each allocator.
+    memory_fraction: Option<f64>,
     allocators: Box<[OnceLock<CachingAllocator>]>,
     pub tags: TagRegistry,
 }
@@ -116,12 +118,31 @@ impl Runtime {
     fn create() -> Result<Runtime, Failure> {
         crate::record::init()?;
         let pre = std::mem::take(&mut *PRE.lock());
-        let config = match pre.config {
-            Some(c) => c,
-            None => match env("NPUALLOC_CONF").or_else(|| env("PYTORCH_NPU_ALLOC_CONF")) {
-                Some(s) => Config::parse(&s).map_err(Failure::from)?,
-                None => Config::default(),
-            },
+        let mut memory_fraction = None;
+        let config = match (
+            pre.config,
+            env("NPUALLOC_CONF"),
+            env("PYTORCH_NPU_ALLOC_CONF"),
+        ) {
+            (Some(c), _, _) => c,
+            (None, Some(s), _) => Config::parse(&s).map_err(Failure::from)?,
+            (None, None, Some(s)) => {
+                let t = Config::parse_torch_npu(&s).map_err(|e| {
+                    let f = Failure::from(e);
+                    Failure::new(f.code, format!("PYTORCH_NPU_ALLOC_CONF: {}", f.message))
+                })?;
+                if !t.ignored.is_empty() {
+                    // Once: the runtime is created once per process.
+                    eprintln!(
+                        "npualloc: PYTORCH_NPU_ALLOC_CONF: ignoring {} (torch_npu settings \
+                         without meaning for npualloc)",
+                        t.ignored.join(", ")
+                    );
+                }
+                memory_fraction = t.memory_fraction;
+                t.config
+            }
+            (None, None, None) => Config::default(),
         };
         let backend_name = env("NPUALLOC_BACKEND").unwrap_or_else(|| "acl".into());
         let (backend, sim): (Arc<dyn Device>, _) = match backend_name.as_str() {
@@ -146,6 +167,7 @@ impl Runtime {
             backend,
             sim,
             config: Mutex::new(config),
+            memory_fraction,
             allocators: (0..count).map(|_| OnceLock::new()).collect(),
             tags: TagRegistry::default(),
         })
@@ -178,6 +200,9 @@ impl Runtime {
         // segments without virtual memory): report it, and try again on the next call.
         let config = self.config.lock().clone();
         let a = CachingAllocator::new(self.backend.clone(), d as i64, config)?;
+        if let Some(f) = self.memory_fraction {
+            a.set_memory_fraction(f)?;
+        }
         a.attach_oom_observer(call_oom_observer);
         // Another thread may have won the race; its allocator (as yet unused) is kept.
         let _ = self.allocators[d].set(a);

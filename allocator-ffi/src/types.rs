@@ -26,7 +26,10 @@ pub struct npualloc_stat {
 /// A statistic per pool: index 0 all, 1 small pool, 2 large pool.
 pub type npualloc_stat_array = [npualloc_stat; 3];
 
-/// Device statistics, field for field PyTorch's `c10::CachingDeviceAllocator::DeviceStats`.
+/// Device statistics: PyTorch's `c10::CachingDeviceAllocator::DeviceStats` (torch 2.14)
+/// in its order, less two fields npualloc does not keep: `reserved_bytes_by_private_pools`
+/// (a map per graph pool; the pools' bytes are counted in `reserved_bytes`) and
+/// `num_oom_rejections` (npualloc has no OOM preemption policy: always 0).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct npualloc_device_stats {

@@ -5,9 +5,8 @@ Use with torch_npu (before the first NPU allocation)::
     import npualloc
     npualloc.install()
 
-Verified here: the loading path (ctypes, exactly as NPUPluggableAllocator does it) and
-the installer's calls, against a stand-in module. Not yet verified against a real
-torch_npu or NPU (none was available).
+Verified with the real torch_npu 2.14.0 / torch 2.14.0 wheels on stand-in CANN
+libraries (tests/torch_npu); not on an NPU (none was available).
 """
 
 import ctypes
@@ -48,25 +47,46 @@ def _swap(change_current_allocator, allocator):
         raise
 
 
+def _torch_npu_dir():
+    import torch_npu
+
+    return os.path.dirname(os.path.abspath(torch_npu.__file__))
+
+
 def _build_shim(lib_path):
-    """Compiles (once, cached by torch) the C++ shim that adapts torch_npu's C++-typed
-    setters (NPUStream, DeviceStats) to the C ABI."""
+    """Compiles (once, cached by torch under TORCH_EXTENSIONS_DIR) the C++ shim that
+    adapts torch_npu's C++-typed hooks (NPUStream, DeviceStats, MempoolId_t) to the C
+    ABI. Needs a C++20 compiler and ninja (a dependency of this package)."""
     from torch.utils import cpp_extension
 
     here = os.path.dirname(os.path.abspath(__file__))
     include = os.path.join(os.path.dirname(os.path.dirname(here)), "include")
-    if not os.path.isdir(include):
+    if not os.path.isfile(os.path.join(include, "npualloc.h")):
         include = os.path.join(here, "include")
-    ldflags = [lib_path, "-lascendcl"]
+    tnpu = _torch_npu_dir()
+    # torch_npu's own extension helper (torch_npu.utils.cpp_extension.NpuExtension) uses
+    # these two folders; the first also holds the CANN headers (acl/acl_rt.h).
+    includes = [include, os.path.join(tnpu, "include"),
+                os.path.join(tnpu, "include", "third_party", "hccl", "inc")]
+    tnpu_lib = os.path.join(tnpu, "lib")
+    ldflags = [lib_path, "-Wl,-rpath," + os.path.dirname(os.path.abspath(lib_path)),
+               "-L" + tnpu_lib, "-ltorch_npu", "-Wl,-rpath," + tnpu_lib]
     ascend = os.environ.get("ASCEND_HOME_PATH")
-    if ascend:
-        ldflags.insert(1, "-L" + os.path.join(ascend, "lib64"))
+    if ascend and os.path.isfile(os.path.join(ascend, "lib64", "libascendcl.so")):
+        ldflags += ["-L" + os.path.join(ascend, "lib64"), "-lascendcl"]
+    # Otherwise the ACL functions resolve through libtorch_npu's own libascendcl.
+    try:
+        cpp_extension.verify_ninja_availability()
+    except RuntimeError as e:
+        raise NpuallocError("npualloc.install() builds a small C++ shim with "
+                            "torch.utils.cpp_extension, which needs ninja: pip install ninja") from e
     return cpp_extension.load(
         name="npualloc_torch_npu_shim",
         sources=[os.path.join(here, "csrc", "torch_npu_shim.cpp")],
-        extra_include_paths=[include],
+        extra_include_paths=includes,
+        extra_cflags=["-std=c++20"],
         extra_ldflags=ldflags,
-        verbose=False,
+        verbose=os.environ.get("NPUALLOC_VERBOSE_BUILD") == "1",
     )
 
 
@@ -94,26 +114,38 @@ def _pluggable(cls, reset_fn):
 def install(backend="acl", conf=None):
     """Makes npualloc torch_npu's NPU allocator.
 
-    Must run before the first NPU allocation. `backend` sets NPUALLOC_BACKEND unless the
-    environment already does; `conf` sets NPUALLOC_CONF (PyTorch syntax). Returns the
-    torch_npu NPUPluggableAllocator.
+    Must run right after `import torch_npu`, before the first NPU allocation. `backend`
+    sets NPUALLOC_BACKEND unless the environment already does; `conf` sets NPUALLOC_CONF
+    (PyTorch syntax). Settings come from NPUALLOC_CONF, else from PYTORCH_NPU_ALLOC_CONF
+    (keys npualloc does not have are ignored with one warning); a bad setting raises
+    NpuallocError here. Returns the torch_npu NPUPluggableAllocator.
     """
     _set_env(backend, conf)
-    import torch_npu  # noqa: F401  (a stand-in module in the tests)
+    import torch_npu  # noqa: F401
     from torch_npu.npu import memory as npu_memory
 
-    path, _, pluggable, alloc = _pluggable(
-        npu_memory.NPUPluggableAllocator, "npualloc_empty_cache"
-    )
+    path = library_path()
+    lib = load(path)
     shim = _build_shim(path)
-    shim.install_runtime_hooks()
+    pluggable = npu_memory.NPUPluggableAllocator(shim.__file__, "npualloc_shim_malloc",
+                                                 "npualloc_shim_free")
+    alloc = pluggable.allocator()
+    alloc.set_init_fn(address(lib, "npualloc_init"))
+    alloc.set_reset_fn(address(lib, "npualloc_empty_cache"))
+    alloc.set_memory_fraction_fn(address(lib, "npualloc_set_memory_fraction"))
+    alloc.set_base_alloc_fn(address(lib, "npualloc_base_alloc"))
     alloc.set_record_stream_fn(shim.record_stream_fn())
-    if hasattr(alloc, "set_erase_stream_fn"):
-        alloc.set_erase_stream_fn(shim.erase_stream_fn())
-    if hasattr(alloc, "set_get_device_stats_fn"):
-        alloc.set_get_device_stats_fn(shim.get_device_stats_fn())
-    if hasattr(alloc, "set_reset_peak_status_fn"):
-        alloc.set_reset_peak_status_fn(shim.reset_peak_status_fn())
+    alloc.set_erase_stream_fn(shim.erase_stream_fn())
+    alloc.set_get_device_stats_fn(shim.get_device_stats_fn())
+    alloc.set_reset_peak_status_fn(shim.reset_peak_status_fn())
+    alloc.set_begin_allocate_to_pool(shim.begin_allocate_to_pool_fn())
+    alloc.set_end_allocate_to_pool_fn(shim.end_allocate_to_pool_fn())
+    alloc.set_release_pool(shim.release_pool_fn())
+    _check(shim.install_runtime_hooks(), lib)
+    # Starts npualloc now: a bad setting or a missing runtime is one error here, rather
+    # than a failed allocation later.
+    if lib.npualloc_device_count() < 0:
+        raise NpuallocError("npualloc cannot start: %s" % last_error(lib))
     _swap(npu_memory.change_current_allocator, pluggable)
     return pluggable
 

@@ -21,7 +21,8 @@ STAT_ARRAYS = ("allocation", "segment", "active", "inactive_split", "allocated_b
 
 
 class DeviceStats(ctypes.Structure):
-    """npualloc_device_stats: PyTorch's DeviceStats, field for field."""
+    """npualloc_device_stats: PyTorch's DeviceStats less reserved_bytes_by_private_pools
+    and num_oom_rejections (see include/npualloc.h)."""
 
     _fields_ = [(name, StatArray) for name in STAT_ARRAYS] + [
         ("num_alloc_retries", ctypes.c_int64),
@@ -64,7 +65,7 @@ def library_path():
 _SIGNATURES = {
     "npualloc_malloc": (ctypes.c_void_p, [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]),
     "npualloc_free": (None, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]),
-    "npualloc_init": (None, [ctypes.c_int]),
+    "npualloc_init": (None, [ctypes.c_int]),  # the device count
     "npualloc_empty_cache": (None, [ctypes.c_bool]),
     "npualloc_empty_cache_all": (None, []),
     "npualloc_set_memory_fraction": (None, [ctypes.c_double, ctypes.c_int]),

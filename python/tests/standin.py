@@ -27,6 +27,10 @@ class FakePluggable:
     """Loads the library exactly as torch_npu's NPUPluggableAllocator.__init__ does."""
 
     def __init__(self, path, alloc_fn_name, free_fn_name, log):
+        if path == FakeShim.__file__:  # the shim's own entry points (no real file here)
+            self._allocator = FakeBackendAllocator(log)
+            log.append(("customAllocator", path, alloc_fn_name, free_fn_name))
+            return
         lib = ctypes.CDLL(path)
         self.alloc_fn = ctypes.cast(getattr(lib, alloc_fn_name), ctypes.c_void_p).value
         self.free_fn = ctypes.cast(getattr(lib, free_fn_name), ctypes.c_void_p).value
@@ -35,6 +39,20 @@ class FakePluggable:
 
     def allocator(self):
         return self._allocator
+
+
+class FakeShim:
+    """What cpp_extension.load returns: the compiled shim module."""
+
+    __file__ = "/nonexistent/npualloc_torch_npu_shim.so"
+
+    def __init__(self, log, addresses):
+        self._log, self._addresses = log, addresses
+
+    def __getattr__(self, name):
+        if name == "install_runtime_hooks":
+            return lambda: self._log.append(("install_runtime_hooks",)) or 0
+        return lambda: self._addresses.get(name, 0x1000 + len(name))
 
 
 def install_standins(log, already_initialized=False, shim_addresses=None):
@@ -54,19 +72,15 @@ def install_standins(log, already_initialized=False, shim_addresses=None):
     npu.memory = npu_memory
     torch_npu = types.ModuleType("torch_npu")
     torch_npu.npu = npu
-
-    class FakeShim:
-        def __getattr__(self, name):
-            if name == "install_runtime_hooks":
-                return lambda: log.append(("install_runtime_hooks",)) or 0
-            return lambda: shim_addresses.get(name, 0x1000 + len(name))
+    torch_npu.__file__ = "/nonexistent/torch_npu/__init__.py"
 
     def load(name, sources, **kwargs):
         log.append(("cpp_extension.load", name, tuple(sources)))
-        return FakeShim()
+        return FakeShim(log, shim_addresses)
 
     cpp_extension = types.ModuleType("torch.utils.cpp_extension")
     cpp_extension.load = load
+    cpp_extension.verify_ninja_availability = lambda: None
     utils = types.ModuleType("torch.utils")
     utils.cpp_extension = cpp_extension
     cuda_memory = types.ModuleType("torch.cuda.memory")

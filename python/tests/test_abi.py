@@ -16,6 +16,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import npualloc  # noqa: E402
 from npualloc import _lib  # noqa: E402
+import standin  # noqa: E402
 from standin import install_standins, remove_standins  # noqa: E402
 
 SIZE_MAX = 2**64 - 1
@@ -147,6 +148,24 @@ class BadInput(unittest.TestCase):
         self.assertEqual(lib().npualloc_configure(b"max_split_size_mb:x"), 1)
         self.assertIn("max_split_size_mb", npualloc.last_error())
         self.assertTrue(consistent())
+
+    def test_init_takes_the_device_count(self):
+        # torch_npu's and torch.cuda's pluggable allocators call init_fn(device_count).
+        seen = []
+
+        def run():  # a fresh thread: its last error starts empty
+            n = lib().npualloc_device_count()
+            lib().npualloc_init(n)
+            seen.append((n, lib().npualloc_last_error()))
+            lib().npualloc_init(n + 1)
+            seen.append((n, lib().npualloc_last_error()))
+        t = threading.Thread(target=run)
+        t.start()
+        t.join()
+        (n, after_count), (_, after_more) = seen
+        self.assertGreaterEqual(n, 1)
+        self.assertIsNone(after_count, "init(device count) recorded an error")
+        self.assertIn(b"torch sees %d device(s)" % (n + 1), after_more)
 
     def test_last_error_is_per_thread(self):
         seen = []
@@ -311,15 +330,17 @@ class Installer(unittest.TestCase):
         npualloc.install(backend="sim")
         names = [e[0] for e in log]
         raw = npualloc.load()
-        self.assertEqual(log[0], ("customAllocator", _lib.address(raw, "npualloc_malloc"),
-                                  _lib.address(raw, "npualloc_free")))
+        # The shim's malloc (graph-pool routing, torch errors) in front of npualloc's.
+        self.assertEqual(log[1], ("customAllocator", standin.FakeShim.__file__,
+                                  "npualloc_shim_malloc", "npualloc_shim_free"))
         setters = dict(e for e in log if e[0].startswith("set_"))
         self.assertEqual(setters["set_init_fn"], _lib.address(raw, "npualloc_init"))
         self.assertEqual(setters["set_reset_fn"], _lib.address(raw, "npualloc_empty_cache"))
         self.assertEqual(setters["set_memory_fraction_fn"], _lib.address(raw, "npualloc_set_memory_fraction"))
         self.assertEqual(setters["set_base_alloc_fn"], _lib.address(raw, "npualloc_base_alloc"))
         self.assertEqual(setters["set_record_stream_fn"], 0xabc0)
-        for s in ("set_erase_stream_fn", "set_get_device_stats_fn", "set_reset_peak_status_fn"):
+        for s in ("set_erase_stream_fn", "set_get_device_stats_fn", "set_reset_peak_status_fn",
+                  "set_begin_allocate_to_pool", "set_end_allocate_to_pool_fn", "set_release_pool"):
             self.assertIn(s, setters)
         self.assertIn("cpp_extension.load", names)
         self.assertIn("install_runtime_hooks", names)

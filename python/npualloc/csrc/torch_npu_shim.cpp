@@ -1,27 +1,52 @@
-// Adapts torch_npu's C++-typed NPUPluggableAllocator setters to npualloc's C ABI.
+// Adapts torch_npu's C++-typed NPUPluggableAllocator hooks to npualloc's C ABI.
 //
 // Compiled on the user's machine by npualloc.install() with
-// torch.utils.cpp_extension.load, against the installed torch_npu headers.
+// torch.utils.cpp_extension.load (C++20), against the installed torch_npu's headers
+// (<torch_npu>/include, which also holds the real CANN headers: acl/acl_rt.h) and
+// linked against libtorch_npu.so. It uses only API that libtorch_npu exports
+// (C10_NPU_API). Checked against torch_npu 2.14.0 (tests/torch_npu/: the real wheel on
+// stand-in CANN libraries).
 //
-// NOT YET VERIFIED: no torch_npu installation was available while writing this file;
-// it follows torch_npu's public headers (NPUPluggableAllocator.h, NPUStream.h,
-// NPUCachingAllocator.h) as read, and must be checked on a machine with torch_npu.
-//
-// - record/erase_stream: newer torch_npu passes c10_npu::NPUStream by value, older
-//   versions a plain aclrtStream; record_stream_fn() returns whichever fits the
-//   setter this torch_npu declares.
-// - get_device_stats: npualloc_device_stats -> c10_npu::NPUCachingAllocator::DeviceStats.
+// - malloc/free: npualloc_shim_malloc routes allocations to a graph-private pool while
+//   a torch_npu graph capture runs (see below), then calls npualloc_malloc; a failure
+//   is thrown as torch's error with npualloc's message (c10::OutOfMemoryError for out
+//   of memory, which Python sees as torch.OutOfMemoryError).
+// - record/erase_stream: torch_npu passes a c10_npu::NPUStream; npualloc takes its
+//   aclrtStream. The stream is remembered (as is each allocation's stream, the current
+//   one) so the event hook can drain that stream's task queue.
+// - get_device_stats: npualloc_device_stats -> c10::CachingDeviceAllocator::DeviceStats.
+//   torch 2.14's num_oom_rejections is 0 (npualloc has no OOM preemption policy);
+//   reserved_bytes_by_private_pools stays empty (npualloc reports no per-pool figure;
+//   the pools' bytes are in reserved_bytes).
+// - graph pools: torch_npu's NPUGraph calls begin_allocate_to_pool(device, pool,
+//   filter) before a capture, where filter(stream) says whether a stream takes part in
+//   that capture (the capture stream, and side streams that joined it by waiting on an
+//   event recorded in it). npualloc routes one stream per call, so the shim keeps the
+//   filter and, at each allocation while a capture is open on the device, routes a
+//   stream the filter accepts (npualloc_begin_allocate_to_pool) before allocating on
+//   it. end_allocate_to_pool ends the routing of every stream routed; release_pool
+//   drops the pool's use.
 // - runtime hooks (DESIGN section 2, the task-queue hazard): torch_npu launches kernels
-//   through a host task queue, so an event recorded straight with aclrtRecordEvent could
-//   land before kernels still waiting there. The event hooks drain every stream's queue
-//   (c10_npu::emptyAllNPUStream, as torch_npu's own NPUEvent::query and allocator do)
-//   before recording; device synchronisation is npuSynchronizeDevice(true), which drains
-//   the queue too, before npualloc frees or unmaps memory.
+//   through a host task queue, so an event recorded straight with aclrtRecordEvent
+//   could land before kernels still waiting there. Before recording, the event hook
+//   drains the queue holding the stream's work: NPUStream::stream() (exported) empties
+//   the queue of that stream, which is the device's shared queue unless torch_npu runs
+//   one queue per stream; a stream the shim never saw gets the device's default queue
+//   drained. Device synchronisation is npuSynchronizeDevice(true), which drains every
+//   queue first.
 
 #include <torch/extension.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
-#include <type_traits>
+#include <functional>
+#include <mutex>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <acl/acl_rt.h>
 
 #include "torch_npu/csrc/core/npu/NPUCachingAllocator.h"
 #include "torch_npu/csrc/core/npu/NPUFunctions.h"
@@ -31,40 +56,47 @@
 
 #include "npualloc.h"
 
-// The ACL functions the event hooks use (CANN acl_rt.h; libascendcl is linked).
-extern "C" {
-int aclrtCreateEventWithFlag(void** event, uint32_t flag);
-int aclrtDestroyEvent(void* event);
-int aclrtRecordEvent(void* event, void* stream);
-int aclrtQueryEventStatus(void* event, int* status);
-int aclrtSynchronizeEvent(void* event);
-}
-
 namespace {
 
-constexpr uint32_t kAclEventCaptureStreamProgress = 0x2;
-constexpr int kAclEventRecordedStatusComplete = 1;
-
-using Pluggable = torch::npu::NPUPluggableAllocator::NPUPluggableAllocator;
 using NpuStats = c10_npu::NPUCachingAllocator::DeviceStats;
+using Filter = std::function<bool(aclrtStream)>;
 
-template <typename T>
-struct setter_arg;
-template <typename C, typename F>
-struct setter_arg<void (C::*)(std::function<F>)> {
-  using type = F;
-};
-using RecordSig = typename setter_arg<decltype(&Pluggable::set_record_stream_fn)>::type;
-constexpr bool kRecordTakesNPUStream =
-    std::is_same<RecordSig, void(void*, c10_npu::NPUStream)>::value;
+// ---- streams seen through record_stream, and the device of every event ----------
+
+std::mutex g_mu;
+std::unordered_map<aclrtStream, c10::Stream> g_streams;  // raw handle -> torch_npu stream
+std::unordered_map<aclrtEvent, int> g_event_device;
+
+void remember(const c10_npu::NPUStream& stream) {
+  aclrtStream raw = stream.stream(false);
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_streams.emplace(raw, stream.unwrap());
+}
+
+// Allocation streams too (npualloc records events on them when it lends memory across
+// streams): torch_npu allocates on the current stream, remembered once per stream.
+void remember_allocation_stream(int device, aclrtStream raw) {
+  thread_local aclrtStream last = nullptr;
+  if (raw == last) return;
+  last = raw;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    if (g_streams.count(raw)) return;
+  }
+  auto cur = c10_npu::getCurrentNPUStream(static_cast<c10::DeviceIndex>(device));
+  if (cur.stream(false) == raw) remember(cur);
+}
 
 void record_stream(void* ptr, c10_npu::NPUStream stream) {
+  remember(stream);
   npualloc_record_stream(ptr, stream.stream(false));
 }
 
 void erase_stream(void* ptr, c10_npu::NPUStream stream) {
   npualloc_erase_stream(ptr, stream.stream(false));
 }
+
+// ---- statistics ------------------------------------------------------------------
 
 template <typename StatT>
 void copy_stat(StatT& dst, const npualloc_stat& src) {
@@ -99,6 +131,7 @@ NpuStats get_device_stats(c10::DeviceIndex device) {
   out.num_sync_all_streams = s.num_sync_all_streams;
   out.num_device_alloc = s.num_device_alloc;
   out.num_device_free = s.num_device_free;
+  out.num_oom_rejections = 0;
   out.max_split_size = s.max_split_size;
   return out;
 }
@@ -107,28 +140,134 @@ void reset_peak_status(c10::DeviceIndex device) {
   npualloc_reset_peak_stats(static_cast<int>(device));
 }
 
+// ---- graph-private pools ---------------------------------------------------------
+
+struct Capture {
+  int device;
+  c10::MempoolId_t pool;
+  Filter filter;
+  std::vector<aclrtStream> routed;  // streams npualloc routes to the pool
+};
+
+std::mutex g_capture_mu;
+std::vector<Capture> g_captures;
+std::atomic<int> g_open_captures{0};
+std::vector<std::pair<int, c10::MempoolId_t>> g_pools;  // pools npualloc has (released once)
+
+void route_if_captured(int device, aclrtStream stream) {
+  std::lock_guard<std::mutex> lock(g_capture_mu);
+  for (auto& c : g_captures) {
+    if (c.device != device) continue;
+    for (auto s : c.routed)
+      if (s == stream) return;
+    if (!c.filter || !c.filter(stream)) continue;
+    int rc = npualloc_begin_allocate_to_pool(device, c.pool.first, c.pool.second, stream);
+    TORCH_CHECK(rc == NPUALLOC_OK, "npualloc could not route a captured stream to the graph's pool: ",
+                npualloc_last_error());
+    c.routed.push_back(stream);
+    auto key = std::make_pair(device, c.pool);
+    if (std::find(g_pools.begin(), g_pools.end(), key) == g_pools.end()) g_pools.push_back(key);
+    return;
+  }
+}
+
+void begin_allocate_to_pool(int device, c10::MempoolId_t pool, Filter filter) {
+  std::lock_guard<std::mutex> lock(g_capture_mu);
+  g_captures.push_back(Capture{device, pool, std::move(filter), {}});
+  g_open_captures.fetch_add(1);
+}
+
+void end_allocate_to_pool(int device, c10::MempoolId_t pool) {
+  std::lock_guard<std::mutex> lock(g_capture_mu);
+  for (auto it = g_captures.begin(); it != g_captures.end(); ++it) {
+    if (it->device != device || it->pool != pool) continue;
+    for (size_t i = 0; i < it->routed.size(); ++i)
+      npualloc_end_allocate_to_pool(device, pool.first, pool.second);
+    g_captures.erase(it);
+    g_open_captures.fetch_sub(1);
+    return;
+  }
+}
+
+void release_pool(int device, c10::MempoolId_t pool) {
+  // A capture that allocated nothing created no pool in npualloc: nothing to release.
+  std::lock_guard<std::mutex> lock(g_capture_mu);
+  auto it = std::find(g_pools.begin(), g_pools.end(), std::make_pair(device, pool));
+  if (it == g_pools.end()) return;
+  g_pools.erase(it);
+  npualloc_release_pool(device, pool.first, pool.second);
+}
+
+// ---- runtime hooks -----------------------------------------------------------------
+// npualloc (Rust) calls these: no C++ exception may unwind through it, so each hook
+// turns one into a failure code (npualloc then reports the operation as failed).
+
+constexpr int kHookFailed = -1;
+
+template <typename F>
+int guarded(F&& f) noexcept {
+  try {
+    return f();
+  } catch (const std::exception& e) {
+    TORCH_WARN("npualloc runtime hook failed: ", e.what());
+  } catch (...) {
+  }
+  return kHookFailed;
+}
+
 int device_synchronize(void*, int) {
-  c10_npu::npuSynchronizeDevice(true);
-  return 0;
+  return guarded([] { return c10_npu::npuSynchronizeDevice(true) ? 0 : kHookFailed; });
 }
 
 int event_create(void*, int device, void** ev) {
-  c10_npu::NPUGuard guard(static_cast<c10::DeviceIndex>(device));
-  return aclrtCreateEventWithFlag(ev, kAclEventCaptureStreamProgress);
+  return guarded([&] {
+    c10_npu::NPUGuard guard(static_cast<c10::DeviceIndex>(device));
+    int rc = aclrtCreateEventWithFlag(ev, ACL_EVENT_CAPTURE_STREAM_PROGRESS);
+    if (rc == ACL_SUCCESS) {
+      std::lock_guard<std::mutex> lock(g_mu);
+      g_event_device[*ev] = device;
+    }
+    return rc;
+  });
 }
 
-int event_destroy(void*, void* ev) { return aclrtDestroyEvent(ev); }
+int event_destroy(void*, void* ev) {
+  return guarded([&] {
+    {
+      std::lock_guard<std::mutex> lock(g_mu);
+      g_event_device.erase(ev);
+    }
+    return aclrtDestroyEvent(ev);
+  });
+}
 
-int event_record(void*, void* ev, npualloc_stream stream) {
-  // Kernels queued on the host before this point must reach their streams first.
-  c10_npu::emptyAllNPUStream();
+int record_after_drain(void* ev, npualloc_stream stream) {
+  // Kernels queued on the host before this point must reach the stream first.
+  c10::optional<c10::Stream> known;
+  int device = -1;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    auto s = g_streams.find(stream);
+    if (s != g_streams.end()) known = s->second;
+    auto d = g_event_device.find(ev);
+    if (d != g_event_device.end()) device = d->second;
+  }
+  if (known) {
+    (void)c10_npu::NPUStream(*known).stream();
+  } else if (device >= 0) {
+    (void)c10_npu::getDefaultNPUStream(static_cast<c10::DeviceIndex>(device)).stream();
+  }
   return aclrtRecordEvent(ev, stream);
 }
 
+int event_record(void*, void* ev, npualloc_stream stream) {
+  return guarded([&] { return record_after_drain(ev, stream); });
+}
+
 int event_query(void*, void* ev, int* done) {
-  int status = 0;
+  aclrtEventRecordedStatus status = ACL_EVENT_RECORDED_STATUS_NOT_READY;
   int rc = aclrtQueryEventStatus(ev, &status);
-  *done = (rc == 0 && status == kAclEventRecordedStatusComplete) ? 1 : 0;
+  *done = (rc == ACL_SUCCESS && status == ACL_EVENT_RECORDED_STATUS_COMPLETE) ? 1 : 0;
   return rc;
 }
 
@@ -141,15 +280,38 @@ uint64_t addr(F* f) {
 
 }  // namespace
 
+// The allocation entry points given to NPUPluggableAllocator (by name, from this
+// extension's file).
+extern "C" __attribute__((visibility("default"))) void* npualloc_shim_malloc(size_t size, int device,
+                                                                           aclrtStream stream) {
+  remember_allocation_stream(device, stream);
+  if (g_open_captures.load(std::memory_order_relaxed) > 0) route_if_captured(device, stream);
+  void* p = npualloc_malloc(size, device, stream);
+  if (p == nullptr && size != 0) {
+    // torch_npu would report a NULL as "Get data_ptr failed": raise torch's error with
+    // npualloc's message instead (torch.OutOfMemoryError for out of memory).
+    const char* err = npualloc_last_error();
+    std::string msg = err ? err : "unknown error";
+    TORCH_CHECK_WITH(OutOfMemoryError, msg.find("out of memory") == std::string::npos,
+                     "npualloc: ", msg);
+    TORCH_CHECK(false, "npualloc could not allocate ", size, " bytes: ", msg);
+  }
+  return p;
+}
+
+extern "C" __attribute__((visibility("default"))) void npualloc_shim_free(void* ptr, size_t size, int device,
+                                                                        aclrtStream stream) {
+  npualloc_free(ptr, size, device, stream);
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("record_stream_fn", [] {
-    return kRecordTakesNPUStream ? addr(&record_stream) : addr(&npualloc_record_stream);
-  });
-  m.def("erase_stream_fn", [] {
-    return kRecordTakesNPUStream ? addr(&erase_stream) : addr(&npualloc_erase_stream);
-  });
+  m.def("record_stream_fn", [] { return addr(&record_stream); });
+  m.def("erase_stream_fn", [] { return addr(&erase_stream); });
   m.def("get_device_stats_fn", [] { return addr(&get_device_stats); });
   m.def("reset_peak_status_fn", [] { return addr(&reset_peak_status); });
+  m.def("begin_allocate_to_pool_fn", [] { return addr(&begin_allocate_to_pool); });
+  m.def("end_allocate_to_pool_fn", [] { return addr(&end_allocate_to_pool); });
+  m.def("release_pool_fn", [] { return addr(&release_pool); });
   m.def("install_runtime_hooks", [] {
     npualloc_runtime_hooks h{};
     h.event_create = &event_create;

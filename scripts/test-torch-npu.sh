@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Runs tests/torch_npu: the real torch_npu 2.14.0 and torch 2.14.0 wheels (PyPI) with
+# npualloc installed the documented way, on stand-in CANN libraries generated from the
+# wheel (tests/torch_npu/README.md).
+#
+# The wheels go into a private virtual environment cached under
+# $NPUALLOC_CACHE (default ~/.cache/npualloc), keyed by the pinned versions; never into
+# the system site-packages. If they cannot be fetched this fails, with a message.
+# Usage: bash scripts/test-torch-npu.sh [--install-only | --anchor TRACE... | scenario-name-filter]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$PWD
+
+TORCH_VERSION=2.14.0
+TORCH_NPU_VERSION=2.14.0
+cache="${NPUALLOC_CACHE:-$HOME/.cache/npualloc}"
+venv="$cache/torch_npu-$TORCH_NPU_VERSION-torch-$TORCH_VERSION-cp311"
+
+py311=$(command -v python3.11 || true)
+if [ -z "$py311" ] && python3 -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; then
+  py311=$(command -v python3)
+fi
+if [ -z "$py311" ]; then
+  echo "test-torch-npu: Python 3.11 is needed (the torch_npu $TORCH_NPU_VERSION wheels are cp311)" >&2
+  exit 1
+fi
+
+if [ ! -f "$venv/.complete" ]; then
+  echo "-- installing torch $TORCH_VERSION + torch_npu $TORCH_NPU_VERSION into $venv (cached) --"
+  rm -rf "$venv"
+  mkdir -p "$cache"
+  "$py311" -m venv "$venv"
+  # torch's own requirements (its CUDA libraries included: torch from PyPI is the CUDA
+  # build and does not import without them), ninja for torch.utils.cpp_extension.
+  if ! "$venv/bin/pip" install -q --disable-pip-version-check \
+      "torch==$TORCH_VERSION" "torch_npu==$TORCH_NPU_VERSION" ninja numpy pyyaml; then
+    echo "test-torch-npu: FAILED to fetch torch==$TORCH_VERSION / torch_npu==$TORCH_NPU_VERSION" \
+         "from the package index; these tests need them (about 6 GB installed)" >&2
+    rm -rf "$venv"
+    exit 1
+  fi
+  touch "$venv/.complete"
+fi
+if [ "${1:-}" = "--install-only" ]; then
+  echo "torch $TORCH_VERSION + torch_npu $TORCH_NPU_VERSION ready in $venv"
+  exit 0
+fi
+
+cargo build -q -p npualloc-ffi
+cargo build -q --bin npualloc
+
+standin=$(mktemp -d)
+trap 'rm -rf "$standin"' EXIT
+tnpu=$("$venv/bin/python" -c 'import importlib.util as u; print(u.find_spec("torch_npu").submodule_search_locations[0])')
+"$venv/bin/python" tests/torch_npu/standin/gen_standin.py "$tnpu" "$standin"
+
+export PATH="$venv/bin:$PATH"
+export NPUALLOC_LIB="$repo/target/debug/libnpualloc.so"
+export NPUALLOC_BIN="$repo/target/debug/npualloc"
+export TORCH_NPU_STANDIN="$standin"
+# The shim is compiled once per source/flags and kept here between runs.
+export TORCH_EXTENSIONS_DIR="$cache/torch_extensions-$TORCH_NPU_VERSION"
+export MAX_JOBS=1
+if [ "${1:-}" = "--anchor" ]; then
+  shift
+  "$venv/bin/python" tests/torch_npu/anchor.py "$@"
+  exit
+fi
+"$venv/bin/python" tests/torch_npu/run.py "$@"

@@ -1,0 +1,83 @@
+"""Runs every scenario of tests/torch_npu/scenarios, each in a fresh Python process with
+the stand-in CANN libraries on the library path and the CUDA-key interposer preloaded
+(see README.md). Called by scripts/test-torch-npu.sh, which sets the environment.
+
+A scenario passes when it exits 0. One listed in EXPECTED_FAILURES must fail (with the
+reason printed); if it passes, the run fails so the list is kept honest.
+Usage: run.py [name-filter]
+"""
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# name -> why it is expected to fail (issue and item)
+EXPECTED_FAILURES = {}
+
+# Scenarios run again under other settings: torch_npu's task queue off (0) and in its
+# second mode (2, one queue per stream where it applies); the default is 1.
+VARIANTS = {
+    "record_stream": [{"TASK_QUEUE_ENABLE": "0"}, {"TASK_QUEUE_ENABLE": "2"}],
+    "events": [{"TASK_QUEUE_ENABLE": "0"}, {"TASK_QUEUE_ENABLE": "2"}],
+}
+
+
+def scenario_env():
+    """The environment of a scenario process (set by scripts/test-torch-npu.sh first)."""
+    standin = os.environ["TORCH_NPU_STANDIN"]
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = standin + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
+    env["LD_PRELOAD"] = os.path.join(standin, "libcuda_keys_interposer.so")
+    env["PYTHONPATH"] = HERE
+    env.setdefault("FAKE_ACL_CAPACITY", str(1 << 30))
+    env.pop("NPUALLOC_CONF", None)
+    env.pop("PYTORCH_NPU_ALLOC_CONF", None)
+    env.pop("TASK_QUEUE_ENABLE", None)  # torch_npu's default (1) unless a variant sets it
+    return env
+
+
+def main():
+    flt = sys.argv[1] if len(sys.argv) > 1 else ""
+    names = sorted(f[:-3] for f in os.listdir(os.path.join(HERE, "scenarios"))
+                   if f.endswith(".py") and flt in f)
+    if not names:
+        sys.exit("run.py: no scenario matches %r" % flt)
+    base_env = scenario_env()
+    failed = []
+    runs = [(n, n, {}) for n in names]
+    runs += [("%s[%s]" % (n, ",".join("%s=%s" % kv for kv in v.items())), n, v)
+             for n in names for v in VARIANTS.get(n, [])]
+    for name, script, extra in runs:
+        env = dict(base_env, **extra)
+        t0 = time.time()
+        with tempfile.TemporaryDirectory() as cwd:  # torch_npu may write files there
+            p = subprocess.run([sys.executable, os.path.join(HERE, "scenarios", script + ".py")],
+                               env=env, cwd=cwd, capture_output=True, text=True, timeout=600)
+        took = time.time() - t0
+        ok = p.returncode == 0
+        if name in EXPECTED_FAILURES:
+            if ok:
+                print("UNEXPECTED PASS %s (%.1fs): remove it from EXPECTED_FAILURES" % (name, took))
+                failed.append(name)
+            else:
+                print("XFAIL %s (%.1fs): %s" % (name, took, EXPECTED_FAILURES[name]))
+                print("    last line: %s" % (p.stderr.strip().splitlines() or ["?"])[-1])
+            continue
+        if ok:
+            print("ok   %s (%.1fs)" % (name, took))
+        else:
+            failed.append(name)
+            print("FAIL %s (%.1fs), exit %d" % (name, took, p.returncode))
+            sys.stdout.write(p.stdout[-4000:])
+            sys.stdout.write(p.stderr[-6000:])
+    if failed:
+        sys.exit("torch_npu scenarios failed: %s" % ", ".join(failed))
+    print("all %d torch_npu scenario runs passed" % len(runs))
+
+
+if __name__ == "__main__":
+    main()
