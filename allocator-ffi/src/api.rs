@@ -2,13 +2,13 @@
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 
-use npualloc_core::{Config, Error, StreamHandle};
+use npualloc_core::{CachingAllocator, Config, Error, StreamHandle};
 
 use crate::error::*;
 use crate::hooks::{self, npualloc_runtime_hooks};
 use crate::panic::{code, or_default};
 use crate::record::recorder;
-use crate::runtime::{configure, runtime, set_hooks};
+use crate::runtime::{configure, runtime, set_hooks, Runtime};
 use crate::types::{npualloc_device_stats, npualloc_stream};
 
 fn to_stream(s: npualloc_stream) -> StreamHandle {
@@ -80,19 +80,38 @@ pub extern "C" fn npualloc_free(
         if let Some(r) = recorder() {
             r.free(p); // logged first: a concurrent reuse of `p` must log after it
         }
-        // The allocation's device and stream (as torch passes them) first.
+        // The allocation's device and stream (as torch passes them) first: the only
+        // allocator tried on the fast path.
         let hinted = rt.existing_allocator(device);
-        let others = rt
-            .existing()
-            .filter(|a| !hinted.is_some_and(|h| std::ptr::eq(*a, h)));
-        for a in hinted.into_iter().chain(others) {
+        if let Some(a) = hinted {
             match a.free_on(p, Some(to_stream(stream))) {
-                Err(Error::UnknownPointer { .. }) => continue,
+                Err(Error::UnknownPointer { .. }) => {}
                 result => return Ok(result?),
             }
         }
-        Err(Error::UnknownPointer { ptr: p }.into())
+        free_elsewhere(rt, hinted, p, to_stream(stream))
     })
+}
+
+/// Frees `p` on an allocator other than `tried` (a wrong or unknown device hint).
+#[cold]
+#[inline(never)]
+fn free_elsewhere(
+    rt: &Runtime,
+    tried: Option<&CachingAllocator>,
+    p: usize,
+    stream: StreamHandle,
+) -> Result<(), Failure> {
+    let others = rt
+        .existing()
+        .filter(|a| !tried.is_some_and(|t| std::ptr::eq(*a, t)));
+    for a in others {
+        match a.free_on(p, Some(stream)) {
+            Err(Error::UnknownPointer { .. }) => continue,
+            result => return Ok(result?),
+        }
+    }
+    Err(Error::UnknownPointer { ptr: p }.into())
 }
 
 /// Prepares the allocator of `device` (torch_npu passes the current device index).
