@@ -12,7 +12,8 @@
 //!
 //! Run: `cargo bench -p npualloc-ffi --bench abi` (builds `libnpualloc.so` with
 //! `cargo build --release -p npualloc-ffi` first). Profiling: `ABI_PROFILE=kind:mix:steps`
-//! (kind `acl`, `sim`, `ref`, `glibc`; mix `issue` or `trace`) runs only that loop, e.g.
+//! (kind `acl`, `sim`, `ref`, `glibc`; mix `issue`, `trace` or a list of sizes such as
+//! `8388608` or `512,4096`) runs only that loop, e.g.
 //! under `valgrind --tool=callgrind`. See benches/README.md.
 
 mod abi_support;
@@ -186,12 +187,18 @@ fn profile(spec: &str) {
         "glibc" => Kind::Glibc,
         k => panic!("ABI_PROFILE kind '{k}': acl, sim, ref or glibc"),
     };
-    let trace = trace_mix();
-    let mix: &[usize] = if parts.get(1) == Some(&"trace") {
-        &trace
-    } else {
-        &ISSUE_MIX
+    let mix: Vec<usize> = match parts.get(1).copied().unwrap_or("issue") {
+        "issue" => ISSUE_MIX.to_vec(),
+        "trace" => trace_mix(),
+        list => list
+            .split(',')
+            .map(|s| {
+                s.parse()
+                    .expect("ABI_PROFILE mix: issue, trace or sizes a,b,c")
+            })
+            .collect(),
     };
+    let mix = &mix[..];
     let steps: u64 = parts.get(2).and_then(|s| s.parse().ok()).unwrap_or(100_000);
     let a = Allocator::load(kind);
     let mut w = Window::new(&a, mix, a.stream(0));
