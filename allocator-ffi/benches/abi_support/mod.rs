@@ -222,6 +222,12 @@ impl Allocator {
     /// Loads a fresh instance. Sets environment variables: call before other threads
     /// use the environment (each user loads all it needs once, under a `OnceLock`).
     pub fn load(kind: Kind) -> Allocator {
+        Allocator::load_with_conf(kind, "")
+    }
+
+    /// [`Allocator::load`] with npualloc settings (`NPUALLOC_CONF` syntax; ignored by
+    /// the reference).
+    pub fn load_with_conf(kind: Kind, conf: &str) -> Allocator {
         static LOADED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = LOADED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if kind == Kind::Glibc {
@@ -260,7 +266,7 @@ impl Allocator {
                     std::env::set_var("NPUALLOC_SIM_MODE", "manual");
                     std::env::set_var("NPUALLOC_SIM_CAPACITY", "256G");
                 }
-                std::env::remove_var("NPUALLOC_CONF");
+                std::env::set_var("NPUALLOC_CONF", conf);
                 std::env::remove_var("NPUALLOC_TRACE");
                 let lib = open(&copy);
                 let init: unsafe extern "C" fn(c_int) = sym(&lib, "npualloc_init");
