@@ -49,10 +49,9 @@ pub extern "C" fn npualloc_malloc(
         if size == 0 {
             return Ok(std::ptr::null_mut());
         }
-        let ptr = runtime()?
-            .allocator(device)?
-            .malloc(size, to_stream(stream))?;
-        if let Some(r) = recorder() {
+        let rt = runtime()?;
+        let ptr = rt.allocator(device)?.malloc(size, to_stream(stream))?;
+        if let Some(r) = rt.recorder {
             r.alloc(ptr, size, stream as usize);
         }
         Ok(ptr as *mut c_void)
@@ -77,7 +76,7 @@ pub extern "C" fn npualloc_free(
         }
         let rt = runtime()?;
         let p = ptr as usize;
-        if let Some(r) = recorder() {
+        if let Some(r) = rt.recorder {
             r.free(p); // logged first: a concurrent reuse of `p` must log after it
         }
         // The allocation's device and stream (as torch passes them) first: the only

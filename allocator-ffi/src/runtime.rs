@@ -21,6 +21,7 @@ use npualloc_core::{CachingAllocator, Config, Device, Error};
 
 use crate::error::*;
 use crate::hooks::{npualloc_runtime_hooks, HookedDevice};
+use crate::record::Recorder;
 
 /// What can be set before the runtime exists.
 #[derive(Default)]
@@ -41,6 +42,9 @@ static RUNTIME: OnceLock<Result<Runtime, Failure>> = OnceLock::new();
 
 /// The live runtime.
 pub(crate) struct Runtime {
+    /// The trace recorder (`NPUALLOC_TRACE`), read here on the malloc/free path: one
+    /// load from the runtime instead of a second `OnceLock`.
+    pub recorder: Option<&'static Recorder>,
     pub backend: Arc<dyn Device>,
     pub sim: Option<Arc<SimDevice>>,
     config: Mutex<Config>,
@@ -143,6 +147,7 @@ impl Runtime {
         };
         let count = backend.device_count();
         Ok(Runtime {
+            recorder: crate::record::recorder(),
             backend,
             sim,
             config: Mutex::new(config),
