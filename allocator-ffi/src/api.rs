@@ -2,13 +2,13 @@
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 
-use npualloc_core::{Config, Error, MempoolId, StreamHandle};
+use npualloc_core::{CachingAllocator, Config, Error, MempoolId, StreamHandle};
 
 use crate::error::*;
 use crate::hooks::{self, npualloc_runtime_hooks};
 use crate::panic::{code, or_default};
 use crate::record::recorder;
-use crate::runtime::{configure, runtime, set_hooks, set_oom_observer};
+use crate::runtime::{configure, runtime, set_hooks, set_oom_observer, Runtime};
 use crate::types::{npualloc_device_stats, npualloc_stream};
 
 fn to_stream(s: npualloc_stream) -> StreamHandle {
@@ -49,10 +49,9 @@ pub extern "C" fn npualloc_malloc(
         if size == 0 {
             return Ok(std::ptr::null_mut());
         }
-        let ptr = runtime()?
-            .allocator(device)?
-            .malloc(size, to_stream(stream))?;
-        if let Some(r) = recorder() {
+        let rt = runtime()?;
+        let ptr = rt.allocator(device)?.malloc(size, to_stream(stream))?;
+        if let Some(r) = rt.recorder {
             r.alloc(ptr, size, stream as usize);
         }
         Ok(ptr as *mut c_void)
@@ -77,22 +76,41 @@ pub extern "C" fn npualloc_free(
         }
         let rt = runtime()?;
         let p = ptr as usize;
-        if let Some(r) = recorder() {
+        if let Some(r) = rt.recorder {
             r.free(p); // logged first: a concurrent reuse of `p` must log after it
         }
-        // The allocation's device and stream (as torch passes them) first.
+        // The allocation's device and stream (as torch passes them) first: the only
+        // allocator tried on the fast path.
         let hinted = rt.existing_allocator(device);
-        let others = rt
-            .existing()
-            .filter(|a| !hinted.is_some_and(|h| std::ptr::eq(*a, h)));
-        for a in hinted.into_iter().chain(others) {
+        if let Some(a) = hinted {
             match a.free_on(p, Some(to_stream(stream))) {
-                Err(Error::UnknownPointer { .. }) => continue,
+                Err(Error::UnknownPointer { .. }) => {}
                 result => return Ok(result?),
             }
         }
-        Err(Error::UnknownPointer { ptr: p }.into())
+        free_elsewhere(rt, hinted, p, to_stream(stream))
     })
+}
+
+/// Frees `p` on an allocator other than `tried` (a wrong or unknown device hint).
+#[cold]
+#[inline(never)]
+fn free_elsewhere(
+    rt: &Runtime,
+    tried: Option<&CachingAllocator>,
+    p: usize,
+    stream: StreamHandle,
+) -> Result<(), Failure> {
+    let others = rt
+        .existing()
+        .filter(|a| !tried.is_some_and(|t| std::ptr::eq(*a, t)));
+    for a in others {
+        match a.free_on(p, Some(stream)) {
+            Err(Error::UnknownPointer { .. }) => continue,
+            result => return Ok(result?),
+        }
+    }
+    Err(Error::UnknownPointer { ptr: p }.into())
 }
 
 /// Prepares npualloc for `device_count` devices (torch_npu's and torch.cuda's

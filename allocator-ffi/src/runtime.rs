@@ -20,6 +20,7 @@ use npualloc_core::{CachingAllocator, Config, Device, Error};
 
 use crate::error::*;
 use crate::hooks::{npualloc_runtime_hooks, HookedDevice};
+use crate::record::Recorder;
 use crate::tag_registry::TagRegistry;
 
 /// What can be set before the runtime exists.
@@ -41,6 +42,9 @@ static RUNTIME: OnceLock<Result<Runtime, Failure>> = OnceLock::new();
 
 /// The live runtime.
 pub(crate) struct Runtime {
+    /// The trace recorder (`NPUALLOC_TRACE`), read here on the malloc/free path: one
+    /// load from the runtime instead of a second `OnceLock`.
+    pub recorder: Option<&'static Recorder>,
     pub backend: Arc<dyn Device>,
     pub sim: Option<Arc<SimDevice>>,
     config: Mutex<Config>,
@@ -164,6 +168,7 @@ impl Runtime {
         };
         let count = backend.device_count();
         Ok(Runtime {
+            recorder: crate::record::recorder(),
             backend,
             sim,
             config: Mutex::new(config),
@@ -190,8 +195,23 @@ impl Runtime {
         Ok(device as usize)
     }
 
-    /// The allocator of `device`, created on first use.
+    /// The allocator of `device`, created on first use. Inlined into the entry points:
+    /// once created, it is one bounds check and one load (no `check_device`, no
+    /// `Result` built out of line).
+    #[inline]
     pub fn allocator(&self, device: c_int) -> Result<&CachingAllocator, Failure> {
+        // A negative `device` becomes a huge index: not found, reported by the slow path.
+        match self.allocators.get(device as usize).and_then(OnceLock::get) {
+            Some(a) => Ok(a),
+            None => self.create_allocator(device),
+        }
+    }
+
+    /// Checks `device` and creates its allocator (or returns the one another thread
+    /// created meanwhile).
+    #[cold]
+    #[inline(never)]
+    fn create_allocator(&self, device: c_int) -> Result<&CachingAllocator, Failure> {
         let d = self.check_device(device)?;
         if let Some(a) = self.allocators[d].get() {
             return Ok(a);
@@ -212,10 +232,10 @@ impl Runtime {
     }
 
     /// The allocator of `device` if it exists (no creation).
+    #[inline]
     pub fn existing_allocator(&self, device: c_int) -> Option<&CachingAllocator> {
-        self.check_device(device)
-            .ok()
-            .and_then(|d| self.allocators[d].get())
+        // A negative `device` becomes a huge index: none.
+        self.allocators.get(device as usize).and_then(OnceLock::get)
     }
 
     /// Allocators created so far.

@@ -70,6 +70,21 @@ static void test_invalid_devices(void) {
   CHECK(c1.live_bytes == 0);
 }
 
+/* The device passed to npualloc_free is a hint: a wrong or invalid one still frees. */
+static void test_free_with_wrong_device_hint(void) {
+  npualloc_device_stats st;
+  CHECK(npualloc_get_device_stats(1, &st) == NPUALLOC_OK);
+  int64_t live = st.allocation[0].current;
+  void *p = npualloc_malloc(4096, 1, NULL);
+  void *q = npualloc_malloc(4096, 1, NULL);
+  CHECK(p != NULL && q != NULL);
+  npualloc_free(p, 4096, 0, NULL);
+  npualloc_free(q, 4096, -1, NULL);
+  CHECK(npualloc_get_device_stats(1, &st) == NPUALLOC_OK);
+  CHECK(st.allocation[0].current == live);
+  CHECK(invariants_ok(0) && invariants_ok(1));
+}
+
 static void test_cross_stream(void) {
   npualloc_stream side = NULL;
   CHECK(ctl_create_stream(0, &side) == NPUALLOC_OK);
@@ -366,6 +381,7 @@ int main(int argc, char **argv) {
   test_zero_and_bad_sizes();
   test_unknown_pointers();
   test_invalid_devices();
+  test_free_with_wrong_device_hint();
   test_cross_stream();
   test_stats();
   test_fraction_and_configure();

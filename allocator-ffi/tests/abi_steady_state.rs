@@ -1,0 +1,122 @@
+//! At steady state the C ABI benchmark's workloads make no device call: through
+//! `npualloc_malloc` / `npualloc_free` loaded with dlopen (as torch_npu calls them), a
+//! window of 64 live blocks over the issue's size mix and over the trace-derived mix,
+//! on one stream, and on two streams from two threads, creates no device allocation or
+//! free and no event (counted by the fake ACL runtime and by the simulated device).
+//!
+//! The two-stream cases run without block and segment lending: with lending, two
+//! concurrently active streams lend each other blocks (with events) whenever one's own
+//! pool has no fit at that moment, which depends on how the threads interleave; in
+//! repeated runs a few events (and now and then a device malloc) still came after 30
+//! passes over the issue mix (benches/README.md).
+
+#[path = "../benches/abi_support/mod.rs"]
+mod abi_support;
+
+use std::sync::{Barrier, Mutex, OnceLock};
+
+use abi_support::{trace_mix, Allocator, DeviceCalls, Kind, Window, ISSUE_MIX};
+
+/// One test at a time: loading sets environment variables.
+const WARM: u64 = 30;
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn traces() -> &'static [usize] {
+    static T: OnceLock<Vec<usize>> = OnceLock::new();
+    T.get_or_init(trace_mix)
+}
+
+/// Runs `threads` windows on their own streams: `warm_passes` over the mix, then
+/// counts device calls over `passes` more; returns (before, after).
+fn steady(
+    a: &Allocator,
+    mix: &[usize],
+    threads: usize,
+    warm_passes: u64,
+    passes: u64,
+) -> (DeviceCalls, DeviceCalls) {
+    let streams: Vec<usize> = (0..threads).map(|i| a.stream(i)).collect();
+    let warm = Barrier::new(threads + 1);
+    let measured = Barrier::new(threads + 1);
+    let n = mix.len().max(64) as u64;
+    std::thread::scope(|s| {
+        for &stream in &streams {
+            let (warm, measured) = (&warm, &measured);
+            s.spawn(move || {
+                let mut w = Window::new(a, mix, stream);
+                w.run(warm_passes * n);
+                warm.wait();
+                warm.wait(); // the counters are read between the two waits
+                w.run(passes * n);
+                measured.wait();
+                measured.wait();
+            });
+        }
+        warm.wait();
+        let before = a.device_calls();
+        warm.wait();
+        measured.wait();
+        let after = a.device_calls();
+        measured.wait();
+        (before, after)
+    })
+}
+
+fn check(kind: Kind, trace: bool, threads: usize) {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // A fresh instance (its own copy of the library and of the fake runtime): streams
+    // of earlier tests holding idle cache would lend blocks to this test's streams.
+    let conf = if threads > 1 {
+        "lend_blocks:False,lend_segments:False"
+    } else {
+        ""
+    };
+    let a = Allocator::load_with_conf(kind, conf);
+    let mix: &[usize] = if trace { traces() } else { &ISSUE_MIX };
+    let (before, after) = steady(&a, mix, threads, WARM, 3);
+    assert!(
+        before.mallocs > 0,
+        "{kind:?}: the warm-up allocated nothing: {before:?}"
+    );
+    assert_eq!(
+        before, after,
+        "{kind:?} (trace mix: {trace}, {threads} threads): device calls at steady state"
+    );
+    assert_eq!(after.violations, 0, "{kind:?}: device misuse: {after:?}");
+}
+
+#[test]
+fn acl_issue_mix_one_stream() {
+    check(Kind::NpuallocAcl, false, 1);
+}
+
+#[test]
+fn acl_trace_mix_one_stream() {
+    check(Kind::NpuallocAcl, true, 1);
+}
+
+#[test]
+fn acl_issue_mix_two_streams() {
+    check(Kind::NpuallocAcl, false, 2);
+}
+
+#[test]
+fn acl_trace_mix_two_streams() {
+    check(Kind::NpuallocAcl, true, 2);
+}
+
+#[test]
+fn sim_issue_mix_one_stream() {
+    check(Kind::NpuallocSim, false, 1);
+}
+
+#[test]
+fn sim_trace_mix_one_stream() {
+    check(Kind::NpuallocSim, true, 1);
+}
+
+#[test]
+fn sim_trace_mix_two_streams() {
+    check(Kind::NpuallocSim, true, 2);
+}
