@@ -4,7 +4,7 @@
 
 use libfuzzer_sys::fuzz_target;
 
-#[path = "../../allocator-ffi/tests/common/abi_sequence.rs"]
+#[path = "../../../allocator-ffi/tests/common/abi_sequence.rs"]
 mod abi_sequence;
 
 fuzz_target!(|data: &[u8]| abi_sequence::run(data));
