@@ -86,11 +86,10 @@ fn soak_four_threads_with_random_device_faults() {
     soak(&conf, soak_ops());
 }
 
-/// The same with expandable segments (page maps fail too). Today it ends with pages
-/// still mapped: #17 item 8 (a lent block freed while event creation fails stays
-/// unfenced and `empty_cache` never unmaps it); run it with `--ignored`.
+/// The same with expandable segments (page maps fail too). It ended with pages still
+/// mapped before #17 item 8 was fixed (a lent block freed while event creation failed
+/// stayed unfenced, and `empty_cache` never unmapped it).
 #[test]
-#[ignore = "fails until #17 item 8 (pages leak with expandable segments) is fixed"]
 fn soak_expandable_segments_with_random_device_faults() {
     soak("expandable_segments:True", soak_ops() / 4);
 }
