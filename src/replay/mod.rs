@@ -7,6 +7,7 @@
 //! What a stream has completed stays owed to it when a device-side wait (cross-stream
 //! lending) holds it back: it runs as soon as the waited-for stream gets there.
 
+pub mod blame;
 pub mod capacity;
 pub mod svg;
 

@@ -3,6 +3,7 @@
 mod acl;
 mod bad_input;
 mod basic;
+mod blame;
 mod capacity;
 mod cli;
 mod common;

@@ -10,9 +10,11 @@ use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::{json, Value};
 
+use npualloc::replay::blame::{self, Blame};
 use npualloc::replay::{self, svg, MinCapacity, ReplayOptions, ReplayReport};
 use npualloc::snapshot::segments_json;
 use npualloc::stats::format_size;
+use npualloc::trace::frames::Stacks;
 use npualloc::trace::{self, Trace};
 
 mod settings;
@@ -67,6 +69,10 @@ struct ReplayArgs {
     /// each replay completes with no OOM, and report the replay there.
     #[arg(long)]
     min_capacity: bool,
+    /// At peak reserved, list the top call sites by live bytes and by bytes wasted, per
+    /// stream (needs a snapshot or trace with frames to name call sites).
+    #[arg(long)]
+    blame: bool,
 }
 
 #[derive(Subcommand)]
@@ -113,26 +119,39 @@ fn parse_capacity(s: &str) -> Result<usize, String> {
         .ok_or_else(|| format!("--capacity '{s}' is not a size such as 64G or 1073741824"))
 }
 
-fn load(path: &Path, device: Option<usize>) -> Result<Trace, String> {
+/// A trace as read, with the stacks of its allocations (empty when it has none).
+struct Loaded {
+    trace: Trace,
+    stacks: Stacks,
+}
+
+/// Reads a text trace or a snapshot pickle; what a conversion added or left out is
+/// said on stderr.
+fn load(path: &Path, device: Option<usize>) -> Result<Loaded, String> {
     let name = path.display().to_string();
     let bytes = std::fs::read(path).map_err(|e| format!("{name}: cannot read: {e}"))?;
-    let trace = if path
-        .extension()
-        .is_some_and(|e| e == "pickle" || e == "pkl")
-    {
-        trace::pickle::from_snapshot(&bytes, &name, device)
+    let loaded = if is_pickle(path) {
+        let s = trace::pickle::read_snapshot(&bytes, &name, device).map_err(|e| e.to_string())?;
+        for line in s.notes.lines() {
+            eprintln!("note: {name}: {line}");
+        }
+        Loaded {
+            stacks: s.stacks(),
+            trace: s.trace,
+        }
     } else {
         let text = String::from_utf8(bytes)
             .map_err(|_| format!("{name}: not UTF-8 text (a .trace file is text)"))?;
-        trace::parse(&text, &name)
+        let (trace, stacks) =
+            trace::frames::parse_with_stacks(&text, &name).map_err(|e| e.to_string())?;
+        Loaded { trace, stacks }
     };
-    let trace = trace.map_err(|e| e.to_string())?;
-    if trace.ops.is_empty() {
+    if loaded.trace.ops.is_empty() {
         return Err(format!(
             "{name}: no events (the trace is empty or holds only its header)"
         ));
     }
-    Ok(trace)
+    Ok(loaded)
 }
 
 /// A bar that stays hidden until `run_one` decides to show it.
@@ -343,8 +362,10 @@ fn write(path: &Path, content: impl AsRef<[u8]>, what: &str) -> Result<(), Strin
 /// One trace's runs, one per setting, in `--conf` order.
 struct TraceRuns {
     trace: Trace,
+    stacks: Stacks,
     reports: Vec<ReplayReport>,
     mins: Vec<MinCapacity>,
+    blames: Vec<Blame>,
 }
 
 /// An HTML page: per trace, the settings' table and their pictures side by side.
@@ -410,16 +431,19 @@ fn replay_cmd(args: ReplayArgs) -> Result<bool, String> {
     let capacity = parse_capacity(&args.capacity)?;
     let settings = settings::parse_all(&args.confs)?;
     let labels: Vec<String> = settings.iter().map(|s| s.label.clone()).collect();
-    let detail = args.svg.is_some() || args.html.is_some() || args.snapshot.is_some();
+    let detail = args.blame || args.svg.is_some() || args.html.is_some() || args.snapshot.is_some();
     let many = args.traces.len() * settings.len() > 1;
     let mut fits = true;
     let mut runs = Vec::new();
     for path in &args.traces {
-        let trace = load(path, args.device)?.repeated(args.repeat.into());
+        let loaded = load(path, args.device)?;
+        let n = args.repeat.into();
         let mut t = TraceRuns {
-            trace,
+            trace: loaded.trace.repeated(n),
+            stacks: blame::repeat_stacks(&loaded.trace, &loaded.stacks, n),
             reports: Vec::new(),
             mins: Vec::new(),
+            blames: Vec::new(),
         };
         for setting in &settings {
             let opts = ReplayOptions {
@@ -453,6 +477,9 @@ fn replay_cmd(args: ReplayArgs) -> Result<bool, String> {
                     .map_err(|e| format!("{}: {e}", t.trace.name))?;
                 t.mins.push(m);
             }
+            if args.blame {
+                t.blames.push(blame::blame(&t.trace, &t.stacks, &r));
+            }
             t.reports.push(r);
         }
         if !args.json {
@@ -462,6 +489,9 @@ fn replay_cmd(args: ReplayArgs) -> Result<bool, String> {
                 t.trace.ops.len(),
                 table(&t.reports, &labels, &t.mins)
             );
+            for (b, label) in t.blames.iter().zip(&labels) {
+                println!("[{label}] {}", b.text());
+            }
         }
         runs.push(t);
     }
@@ -482,6 +512,9 @@ fn replay_cmd(args: ReplayArgs) -> Result<bool, String> {
                     .map(|(i, (r, label))| {
                         let mut v = report_json(r, t.mins.get(i));
                         v["label"] = json!(label);
+                        if let Some(b) = t.blames.get(i) {
+                            v["blame"] = b.json();
+                        }
                         v
                     })
             })
@@ -510,7 +543,7 @@ fn main() -> ExitCode {
             case,
             output,
         } => load(&trace, None).and_then(|t| {
-            let d = trace::derive::derive(&t, &case).ok_or_else(|| {
+            let d = trace::derive::derive(&t.trace, &case).ok_or_else(|| {
                 format!(
                     "unknown case '{case}': expected one of {}",
                     trace::derive::CASES.join(", ")
@@ -527,8 +560,14 @@ fn main() -> ExitCode {
             device,
         } => load(&snapshot, device).and_then(|t| {
             let mut out = Vec::new();
-            t.write_to(&mut out).map_err(|e| e.to_string())?;
-            write(&output, out, &format!("{} events", t.ops.len()))?;
+            trace::frames::write_with_stacks(&t.trace, &t.stacks, &mut out)
+                .map_err(|e| e.to_string())?;
+            let what = format!(
+                "{} events ({} allocations with frames)",
+                t.trace.ops.len(),
+                t.stacks.len()
+            );
+            write(&output, out, &what)?;
             Ok(())
         }),
     };
