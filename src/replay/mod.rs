@@ -10,6 +10,7 @@
 pub mod blame;
 pub mod capacity;
 pub mod svg;
+pub mod tune;
 
 pub use capacity::{min_capacity, MinCapacity};
 

@@ -22,4 +22,5 @@ mod replay;
 mod soak;
 mod stress;
 mod tagged;
+mod tune;
 mod zoo;

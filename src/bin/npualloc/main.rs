@@ -18,6 +18,7 @@ use npualloc::trace::frames::Stacks;
 use npualloc::trace::{self, Trace};
 
 mod settings;
+mod tune;
 
 #[derive(Parser)]
 #[command(
@@ -89,6 +90,25 @@ enum Command {
         /// Output trace file.
         #[arg(short, long)]
         output: PathBuf,
+    },
+    /// Search allocator settings for the smallest device each trace runs on, without more
+    /// device calls or host syncs than the defaults; prints what it tried and the best.
+    Tune {
+        /// Trace files (.trace, or snapshot .pickle).
+        #[arg(required = true)]
+        traces: Vec<PathBuf>,
+        /// Largest simulated device tried (bytes, or with K/M/G/T).
+        #[arg(long, default_value = "64G")]
+        capacity: String,
+        /// Device trace to read from a snapshot pickle.
+        #[arg(long)]
+        device: Option<usize>,
+        /// Print the results as JSON.
+        #[arg(long)]
+        json: bool,
+        /// No progress lines.
+        #[arg(long, short)]
+        quiet: bool,
     },
     /// Convert a PyTorch / torch_npu memory snapshot pickle into a text trace.
     Convert {
@@ -554,6 +574,20 @@ fn main() -> ExitCode {
             write(&output, out, &format!("{} events", d.ops.len()))?;
             Ok(())
         }),
+        Command::Tune {
+            traces,
+            capacity,
+            device,
+            json,
+            quiet,
+        } => (|| {
+            let limit = parse_capacity(&capacity)?;
+            let loaded: Vec<Trace> = traces
+                .iter()
+                .map(|p| load(p, device).map(|l| l.trace))
+                .collect::<Result<_, _>>()?;
+            tune::run(&loaded, limit, json, quiet)
+        })(),
         Command::Convert {
             snapshot,
             output,
