@@ -401,7 +401,7 @@ fn html_page(runs: &[TraceRuns], labels: &[String]) -> String {
             body.push_str(&format!(
                 "<figure><figcaption>{}</figcaption>{}</figure>",
                 html_escape(label),
-                svg::render(r)
+                svg::render_with(r, &blame::block_notes(&t.trace, &t.stacks, r))
             ));
         }
         body.push_str("</div>\n");
@@ -476,7 +476,8 @@ fn replay_cmd(args: ReplayArgs) -> Result<bool, String> {
             fits &= r.ooms == 0;
             if let Some(p) = &args.svg {
                 let out = named(p, &r, &setting.label, many);
-                write(&out, svg::render(&r), "the picture")?;
+                let notes = blame::block_notes(&t.trace, &t.stacks, &r);
+                write(&out, svg::render_with(&r, &notes), "the picture")?;
             }
             if let Some(p) = &args.snapshot {
                 let out = named(p, &r, &setting.label, many);
