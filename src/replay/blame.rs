@@ -2,9 +2,9 @@
 //! reserved, as live blocks and as waste, per stream.
 //!
 //! A *call site* is one stack frame of the allocation's stack: the innermost frame in a
-//! Python file outside PyTorch's own package (a path without a `/torch/` directory),
-//! else the innermost Python frame, else the innermost frame; an allocation without
-//! frames is blamed on `(no frames)`.
+//! Python file outside PyTorch's own package (no directory of its path is named
+//! `torch`; `torchvision` is not PyTorch's), else the innermost Python frame, else the
+//! innermost frame; an allocation without frames is blamed on `(no frames)`.
 //!
 //! Every reserved byte at the peak goes to exactly one call site:
 //! - an allocated block to its own allocation's site (*live*, the block's rounded size);
@@ -93,10 +93,11 @@ pub struct Blame {
 /// The frame that names a call site (see the module documentation).
 pub fn site_frame(stack: &[Frame]) -> Option<&Frame> {
     let py = |f: &&Frame| f.filename.ends_with(".py");
+    let in_torch = |f: &&Frame| f.filename.split(['/', '\\']).any(|c| c == "torch");
     stack
         .iter()
         .filter(py)
-        .find(|f| !f.filename.replace('\\', "/").contains("/torch/"))
+        .find(|f| !in_torch(f))
         .or_else(|| stack.iter().find(py))
         .or_else(|| stack.first())
 }

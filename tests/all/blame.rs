@@ -291,3 +291,42 @@ fn repeated_traces_keep_their_stacks() {
         .iter()
         .any(|op| matches!(op, Op::Alloc { id: 11, .. })));
 }
+
+#[test]
+fn the_shipped_snapshot_with_frames_blames_model_code() {
+    let path = crate::replay::traces_dir().join("zoo/vit_infer.snapshot.pickle");
+    let s =
+        trace::pickle::read_snapshot(&std::fs::read(path).unwrap(), "vit.pickle", None).unwrap();
+    // The same events as the shipped trace, every allocation with its stack.
+    assert_eq!(s.trace.ops, crate::replay::load("zoo/vit_infer.trace").ops);
+    let stacks = s.stacks();
+    assert_eq!(stacks.len(), 606);
+    // Through the text format and back, stacks unchanged.
+    let mut text = Vec::new();
+    frames::write_with_stacks(&s.trace, &stacks, &mut text).unwrap();
+    let (_, back) = frames::parse_with_stacks(std::str::from_utf8(&text).unwrap(), "v").unwrap();
+    assert_eq!(back, stacks);
+    let opts = ReplayOptions {
+        detail: true,
+        ..ReplayOptions::default()
+    };
+    let r = replay(&s.trace, &opts, |_| {}).unwrap();
+    let b = blame::blame(&s.trace, &stacks, &r);
+    assert!(b.has_frames);
+    assert_eq!(b.reserved, r.peak_reserved);
+    assert_eq!(b.unattributed, 0);
+    let sites = &b.streams[0].sites;
+    let blamed: u64 = sites.iter().map(|x| x.live + x.wasted()).sum();
+    assert_eq!(blamed, b.reserved);
+    // Call sites are the model's code, not PyTorch's modules under it.
+    assert!(
+        sites[0]
+            .site
+            .contains("torchvision/models/vision_transformer.py"),
+        "{sites:?}"
+    );
+    assert!(
+        sites.iter().all(|x| !x.site.starts_with("torch/")),
+        "{sites:?}"
+    );
+}
