@@ -32,7 +32,11 @@ fn verdict(o: &Outcome) -> String {
         Outcome::NotSmaller => "no better".into(),
         Outcome::MoreCalls => "more device calls or syncs".into(),
         Outcome::NoFit => "does not fit".into(),
-        Outcome::Refused(e) => format!("refused: {e}"),
+        Outcome::Refused(e) => {
+            // The allocator's reason, without its prefix and explanation.
+            let e = e.trim_start_matches("invalid allocator config: ");
+            format!("refused: {}", e.split(" (").next().unwrap_or(e))
+        }
     }
 }
 
@@ -89,7 +93,8 @@ pub fn summary(traces: &[Trace], t: &Tuning) -> String {
     let best = t.best_tried();
     let base = &t.tried[0];
     let mut out = if t.best.is_empty() {
-        "best: the defaults (no setting tried needs less memory without more device calls or syncs)\n".to_string()
+        "best: the defaults (no setting tried does better without more device calls or syncs)\n"
+            .to_string()
     } else {
         format!("best: {}\n", t.best)
     };
