@@ -381,6 +381,17 @@ pub fn block_notes(trace: &Trace, stacks: &Stacks, r: &ReplayReport) -> HashMap<
     out
 }
 
+/// The allocation id of each allocated or pending-free block at `r`'s peak, by address.
+pub fn ids_at_peak(trace: &Trace, r: &ReplayReport) -> HashMap<usize, u64> {
+    let peak = at_peak(trace, r);
+    r.peak_segments
+        .iter()
+        .flat_map(|s| &s.blocks)
+        .filter(|b| b.state != BlockState::Inactive)
+        .filter_map(|b| Some((b.address, peak.last.get(&b.address)?.1)))
+        .collect()
+}
+
 /// `stacks` of a trace carried over to its [`Trace::repeated`] form (ids renumbered
 /// densely per repetition).
 pub fn repeat_stacks(trace: &Trace, stacks: &Stacks, n: usize) -> Stacks {

@@ -330,3 +330,45 @@ fn the_shipped_snapshot_with_frames_blames_model_code() {
         "{sites:?}"
     );
 }
+
+#[test]
+fn snapshots_written_by_a_replay_carry_the_frames() {
+    let dir = tempdir("snap-frames");
+    let path = dir.join("small.trace");
+    std::fs::write(&path, SMALL).unwrap();
+    let snap = dir.join("s.json");
+    let (code, _, err) = cli(&[
+        "replay",
+        path.to_str().unwrap(),
+        "--conf",
+        "pytorch",
+        "--snapshot",
+        snap.to_str().unwrap(),
+        "-q",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&snap).unwrap()).unwrap();
+    let actions = v["device_traces"][0].as_array().unwrap();
+    // Allocation 0 (stack A: 3 frames, innermost torch's) and its action.
+    assert_eq!(actions[0]["action"], "alloc");
+    assert_eq!(actions[0]["frames"].as_array().unwrap().len(), 3);
+    assert_eq!(actions[0]["frames"][1]["name"], "forward");
+    assert_eq!(actions[0]["frames"][1]["line"], 12);
+    assert_eq!(actions[1]["frames"][0]["filename"], "/home/u/train.py");
+    // The free of allocation 2 carries its frames too, as torch's do.
+    assert_eq!(actions[3]["action"], "free_requested");
+    assert_eq!(actions[3]["frames"][0]["name"], "step");
+    // Every block allocated at the peak has its allocation's frames.
+    let blocks: Vec<&serde_json::Value> = v["segments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["blocks"].as_array().unwrap())
+        .filter(|b| b["state"] == "active_allocated")
+        .collect();
+    assert_eq!(blocks.len(), 3);
+    assert!(blocks
+        .iter()
+        .all(|b| !b["frames"].as_array().unwrap().is_empty()));
+}

@@ -342,13 +342,48 @@ fn report_json(r: &ReplayReport, min: Option<&MinCapacity>) -> Value {
     v
 }
 
-fn snapshot_json(r: &ReplayReport) -> Value {
+/// Frames as PyTorch's snapshots write them.
+fn frames_json(stack: Option<&trace::frames::Stack>) -> Value {
+    let frames: Vec<Value> = stack
+        .map(|s| {
+            s.iter()
+                .map(|f| json!({"filename": f.filename, "line": f.line, "name": f.name}))
+                .collect()
+        })
+        .unwrap_or_default();
+    Value::Array(frames)
+}
+
+/// The state at peak in PyTorch's snapshot shape, with the trace's frames on the actions
+/// and on the blocks live at the peak.
+fn snapshot_json(r: &ReplayReport, t: &Trace, stacks: &Stacks) -> Value {
+    let id_of = |event: usize| match t.ops.get(event) {
+        Some(trace::Op::Alloc { id, .. } | trace::Op::Free { id }) => Some(*id),
+        _ => None,
+    };
     let traces: Vec<Value> = r
         .actions
         .iter()
-        .map(|a| json!({"action": a.action, "addr": a.addr, "size": a.size, "stream": a.stream, "time_us": a.event, "frames": []}))
+        .map(|a| {
+            let frames = frames_json(id_of(a.event).and_then(|id| stacks.get(&id)));
+            json!({"action": a.action, "addr": a.addr, "size": a.size, "stream": a.stream, "time_us": a.event, "frames": frames})
+        })
         .collect();
-    json!({ "segments": segments_json(0, &r.peak_segments), "device_traces": [traces] })
+    let mut segments = segments_json(0, &r.peak_segments);
+    if !stacks.is_empty() {
+        let ids = blame::ids_at_peak(t, r);
+        for b in segments
+            .iter_mut()
+            .filter_map(|s| s["blocks"].as_array_mut())
+            .flatten()
+        {
+            let id = b["address"].as_u64().and_then(|a| ids.get(&(a as usize)));
+            if let Some(stack) = id.and_then(|id| stacks.get(id)) {
+                b["frames"] = frames_json(Some(stack));
+            }
+        }
+    }
+    json!({ "segments": segments, "device_traces": [traces] })
 }
 
 /// `out.svg` for a single run; `out-<trace>-<setting>.svg` when there are several.
@@ -481,7 +516,7 @@ fn replay_cmd(args: ReplayArgs) -> Result<bool, String> {
             }
             if let Some(p) = &args.snapshot {
                 let out = named(p, &r, &setting.label, many);
-                let json = snapshot_json(&r);
+                let json = snapshot_json(&r, &t.trace, &t.stacks);
                 if is_pickle(&out) {
                     let bytes = npualloc::pickle::to_pickle(&json);
                     write(&out, bytes, "the snapshot (pickle)")?;
