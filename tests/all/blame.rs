@@ -372,3 +372,28 @@ fn snapshots_written_by_a_replay_carry_the_frames() {
         .iter()
         .all(|b| !b["frames"].as_array().unwrap().is_empty()));
 }
+
+#[test]
+fn malformed_frame_lines_are_clear_errors() {
+    let dir = tempdir("bad-frames");
+    for (text, needle) in [
+        (
+            "a 0 10 0 #@3\n",
+            "bad.trace:1: stack 3 is not declared before its first use",
+        ),
+        (
+            "#@frame\t0\tx\tf\tg\n",
+            "bad.trace:1: line 'x' is not a non-negative integer",
+        ),
+        (
+            "#@stack\t0\t7\n",
+            "bad.trace:1: stack 0 uses frame 7, not declared before it",
+        ),
+    ] {
+        let path = dir.join("bad.trace");
+        std::fs::write(&path, text).unwrap();
+        let (code, _, err) = cli(&["replay", path.to_str().unwrap(), "-q"]);
+        assert_eq!(code, 2, "{text:?}: {err}");
+        assert!(err.contains(needle), "{text:?}: {err}");
+    }
+}
