@@ -85,3 +85,25 @@ fn cli_tune_prints_the_table_and_the_best_setting() {
     assert_eq!(code, 2);
     assert!(err.contains("--capacity 'lots'"), "{err}");
 }
+
+#[test]
+fn a_trace_the_defaults_do_not_fit_gets_a_setting_that_fits() {
+    // Two 3 MB tensors: the defaults put them in a 20 MiB segment, which a 10 MiB device
+    // cannot hold; expandable segments with small pages fit.
+    let t = npualloc::trace::parse("a 0 3000000 0\na 1 3000000 0\n", "two.trace").unwrap();
+    let r = tune::tune(std::slice::from_ref(&t), 10 << 20, |_| {}).unwrap();
+    assert_eq!(r.tried[0].scores[0].capacity, None);
+    assert!(r.tried[0].total().is_none());
+    let best = r.best_tried();
+    assert!(!r.best.is_empty());
+    assert!(best.scores[0].capacity.unwrap() <= 10 << 20, "{best:?}");
+    let dir = crate::replay::tempdir("tune-nofit");
+    let path = dir.join("two.trace");
+    std::fs::write(&path, "a 0 3000000 0\na 1 3000000 0\n").unwrap();
+    let (code, out, err) = cli(&["tune", path.to_str().unwrap(), "--capacity", "10M", "-q"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("the defaults do not fit within the limit; this fits in"),
+        "{out}"
+    );
+}

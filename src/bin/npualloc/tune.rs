@@ -99,6 +99,13 @@ pub fn summary(traces: &[Trace], t: &Tuning) -> String {
         format!("best: {}\n", t.best)
     };
     for ((tr, b), s) in traces.iter().zip(&base.scores).zip(&best.scores) {
+        if let (None, Some(sc)) = (b.capacity, s.capacity) {
+            out.push_str(&format!(
+                "  {}: the defaults do not fit within the limit; this fits in {}\n",
+                tr.name,
+                format_size(sc as usize)
+            ));
+        }
         if let (Some(bc), Some(sc)) = (b.capacity, s.capacity) {
             out.push_str(&format!(
                 "  {}: min capacity {} -> {} ({:+.1}%), device calls {} -> {}, host syncs {} -> {}\n",
