@@ -7,8 +7,10 @@
 //! What a stream has completed stays owed to it when a device-side wait (cross-stream
 //! lending) holds it back: it runs as soon as the waited-for stream gets there.
 
+pub mod blame;
 pub mod capacity;
 pub mod svg;
+pub mod tune;
 
 pub use capacity::{min_capacity, MinCapacity};
 
@@ -105,6 +107,8 @@ pub struct ReplayReport {
     pub peak_event: usize,
     /// Allocator actions in PyTorch's trace vocabulary (only with `detail`).
     pub actions: Vec<Action>,
+    /// The trace's stream labels and the device stream handles they became, by label.
+    pub streams: Vec<(u32, usize)>,
     /// Reserved bytes left after freeing everything and emptying the cache.
     pub reserved_after_drain: u64,
     /// Result of the invariant check at the end (before draining).
@@ -409,6 +413,9 @@ pub fn replay(
         sim.complete_stream(0, *s)?;
     }
     alloc.empty_cache()?;
+    let mut stream_labels: Vec<(u32, usize)> =
+        streams.handles.iter().map(|(l, h)| (*l, h.0)).collect();
+    stream_labels.sort_unstable();
     Ok(ReplayReport {
         name: trace.name.clone(),
         conf: opts.conf.clone(),
@@ -437,6 +444,7 @@ pub fn replay(
         peak_segments,
         peak_event,
         actions,
+        streams: stream_labels,
         reserved_after_drain: alloc.usage().reserved as u64,
         invariants,
     })

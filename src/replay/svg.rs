@@ -1,6 +1,15 @@
-//! The replay picture: bytes over time (reserved, allocated, requested) and a map of
-//! every segment at the moment of peak reserved, blocks coloured by state.
+//! The replay picture: bytes over time (reserved, allocated, requested), the same
+//! zoomed in around the peak, and a map of every segment at the moment of peak
+//! reserved, blocks coloured by state with a strip in the colour of the segment's
+//! stream. Hovering a block shows its address, size, state and stream, and the
+//! allocation and its frames when the caller knows them ([`render_with`]).
+//!
+//! Allocated bytes are drawn as a wide pale band under the thin requested line, so both
+//! show where they coincide (they differ only by rounding). The zoomed panel spans a
+//! window of events around the peak with both axes fitted to it; a peak at the last
+//! event sits at the window's right with a margin after it.
 
+use std::collections::HashMap;
 use std::fmt::Write;
 
 use super::{ReplayReport, Sample};
@@ -12,8 +21,10 @@ const LEFT: f64 = 90.0;
 const RIGHT: f64 = 30.0;
 const PLOT_W: f64 = WIDTH - LEFT - RIGHT;
 const CHART_TOP: f64 = 84.0;
-const CHART_H: f64 = 300.0;
-const MAP_TOP: f64 = CHART_TOP + CHART_H + 120.0;
+const CHART_H: f64 = 260.0;
+const ZOOM_TOP: f64 = CHART_TOP + CHART_H + 84.0;
+const ZOOM_H: f64 = 200.0;
+const MAP_TOP: f64 = ZOOM_TOP + ZOOM_H + 120.0;
 const MAP_ROWS: usize = 16;
 const ROW_H: f64 = 20.0;
 const ROW_GAP: f64 = 6.0;
@@ -25,6 +36,12 @@ const C_REQUESTED: &str = "#2b8a3e";
 const C_PENDING: &str = "#f59f00";
 const C_INACTIVE: &str = "#dee2e6";
 const C_EMPTY_SEG: &str = "#adb5bd";
+/// Stream strip colours, by the order of the stream's label among the segments'.
+const C_STREAMS: [&str; 8] = [
+    "#087f5b", "#e8590c", "#862e9c", "#1864ab", "#c92a2a", "#5c940d", "#d6336c", "#495057",
+];
+/// Height of the stream strip over each row.
+const STRIP_H: f64 = 4.0;
 
 fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
@@ -67,21 +84,40 @@ pub fn empty_segment_bytes(segments: &[SegmentInfo]) -> usize {
         .sum()
 }
 
-fn chart(out: &mut String, r: &ReplayReport) {
-    let pts = downsample(&r.timeline, PLOT_W as usize);
-    // Power-of-two byte ticks (0, 512 MiB, 1 GiB, ...) and 1-2-5 event ticks.
-    let top = r.peak_reserved.max(r.peak_requested).max(1);
-    let ystep = top.div_ceil(5).next_power_of_two();
-    let yticks = top.div_ceil(ystep);
-    let ymax = (ystep * yticks) as f64 * 1.04;
-    let xmax = (r.events.max(2) - 1) as f64;
-    let xstep = nice_step(xmax / 6.0);
-    let x = |e: usize| LEFT + e as f64 / xmax * PLOT_W;
-    let y = |b: u64| CHART_TOP + CHART_H - b as f64 / ymax * CHART_H;
-    // Axes and grid.
-    for i in 0..=yticks {
-        let v = (ystep * i) as f64;
-        let yy = y(v as u64);
+/// A plot of `pts` over events `x0..=x1` (a margin after `x1` when it is the last
+/// event) and bytes `lo..=hi`, `top`/`h` its place on the page.
+struct Panel {
+    x0: f64,
+    x1: f64,
+    lo: u64,
+    hi: u64,
+    top: f64,
+    h: f64,
+}
+
+impl Panel {
+    fn x(&self, e: usize) -> f64 {
+        LEFT + (e as f64 - self.x0) / (self.x1 - self.x0).max(1.0) * PLOT_W
+    }
+    fn y(&self, b: u64) -> f64 {
+        let span = (self.hi - self.lo).max(1) as f64;
+        self.top + self.h - (b.saturating_sub(self.lo)) as f64 / span * self.h
+    }
+}
+
+/// Byte ticks between `lo` and `hi`: a power of two times 1 MiB-ish steps, at most ~6.
+fn byte_ticks(lo: u64, hi: u64) -> (u64, u64, u64) {
+    let step = ((hi - lo).max(1) / 5).max(1).next_power_of_two();
+    let first = lo.div_ceil(step);
+    let last = hi / step;
+    (step, first, last)
+}
+
+fn draw_panel(out: &mut String, r: &ReplayReport, p: &Panel, pts: &[Sample]) {
+    let (ystep, first, last) = byte_ticks(p.lo, p.hi);
+    for i in first..=last {
+        let v = ystep * i;
+        let yy = p.y(v);
         let _ = writeln!(
             out,
             r##"<line x1="{LEFT}" y1="{yy:.1}" x2="{:.1}" y2="{yy:.1}" stroke="#e9ecef"/>"##,
@@ -95,29 +131,33 @@ fn chart(out: &mut String, r: &ReplayReport) {
             format_size(v as usize)
         );
     }
-    for i in 0..=(xmax / xstep) as usize {
-        let e = (xstep * i as f64) as usize;
+    let xstep = nice_step((p.x1 - p.x0) / 6.0);
+    let mut e = (p.x0 / xstep).ceil() * xstep;
+    while e <= p.x1 {
         let _ = writeln!(
             out,
-            r##"<text x="{:.1}" y="{:.1}" text-anchor="middle" class="small">{e}</text>"##,
-            x(e),
-            CHART_TOP + CHART_H + 16.0
+            r##"<text x="{:.1}" y="{:.1}" text-anchor="middle" class="small">{}</text>"##,
+            p.x(e as usize),
+            p.top + p.h + 16.0,
+            e as usize
         );
+        e += xstep;
     }
     let _ = writeln!(
         out,
-        r##"<text x="{:.1}" y="{:.1}" text-anchor="middle" class="small">event</text>"##,
-        LEFT + PLOT_W / 2.0,
-        CHART_TOP + CHART_H + 32.0
+        r##"<rect x="{LEFT}" y="{}" width="{PLOT_W}" height="{}" fill="none" stroke="#868e96"/>"##,
+        p.top, p.h
     );
-    let _ = writeln!(
-        out,
-        r##"<rect x="{LEFT}" y="{CHART_TOP}" width="{PLOT_W}" height="{CHART_H}" fill="none" stroke="#868e96"/>"##
-    );
-    for (color, get) in [
-        (C_RESERVED, (|s: &Sample| s.reserved) as fn(&Sample) -> u64),
-        (C_ALLOCATED, |s: &Sample| s.allocated),
-        (C_REQUESTED, |s: &Sample| s.requested),
+    // Reserved, then allocated as a wide pale band, then requested thin on top.
+    for (color, width, opacity, get) in [
+        (
+            C_RESERVED,
+            1.6,
+            1.0,
+            (|s: &Sample| s.reserved) as fn(&Sample) -> u64,
+        ),
+        (C_ALLOCATED, 6.0, 0.35, |s: &Sample| s.allocated),
+        (C_REQUESTED, 1.4, 1.0, |s: &Sample| s.requested),
     ] {
         let mut d = String::new();
         for (i, s) in pts.iter().enumerate() {
@@ -125,36 +165,100 @@ fn chart(out: &mut String, r: &ReplayReport) {
                 d,
                 "{}{:.1},{:.1} ",
                 if i == 0 { "M" } else { "L" },
-                x(s.event),
-                y(get(s))
+                p.x(s.event),
+                p.y(get(s))
             );
         }
         let _ = writeln!(
             out,
-            r##"<path d="{d}" fill="none" stroke="{color}" stroke-width="1.6"/>"##
+            r##"<path d="{d}" fill="none" stroke="{color}" stroke-width="{width}" stroke-opacity="{opacity}" stroke-linejoin="round"/>"##
         );
     }
-    // The peak marker.
-    let px = x(r.peak_event);
+    let px = p.x(r.peak_event);
     let _ = writeln!(
         out,
-        r##"<line x1="{px:.1}" y1="{CHART_TOP}" x2="{px:.1}" y2="{:.1}" stroke="#495057" stroke-dasharray="4 3"/>"##,
-        CHART_TOP + CHART_H
+        r##"<line x1="{px:.1}" y1="{}" x2="{px:.1}" y2="{:.1}" stroke="#495057" stroke-dasharray="4 3"/>"##,
+        p.top,
+        p.top + p.h
     );
-    let anchor = if px > LEFT + PLOT_W * 0.7 {
-        "end"
+    let (anchor, dx) = if px > LEFT + PLOT_W * 0.7 {
+        ("end", -4.0)
     } else {
-        "start"
+        ("start", 4.0)
     };
-    let dx = if anchor == "end" { -4.0 } else { 4.0 };
     let _ = writeln!(
         out,
         r##"<text x="{:.1}" y="{:.1}" text-anchor="{anchor}" class="small">peak reserved {} at event {}</text>"##,
         px + dx,
-        CHART_TOP + 14.0,
+        p.top + 14.0,
         format_size(r.peak_reserved as usize),
         r.peak_event
     );
+}
+
+/// Events shown in the zoomed panel: about 1/16 of the trace (at least 40 events, at
+/// most one per pixel column) around the peak, shifted to stay inside the trace.
+fn zoom_window(events: usize, peak: usize) -> (usize, usize) {
+    let last = events.saturating_sub(1);
+    let w = (events / 16).clamp(40, PLOT_W as usize).min(last);
+    let x0 = peak.saturating_sub(w / 2).min(last - w);
+    (x0, x0 + w)
+}
+
+fn chart(out: &mut String, r: &ReplayReport) {
+    let last = r.events.max(2) - 1;
+    let top = r.peak_reserved.max(r.peak_requested).max(1);
+    let (step, _, _) = byte_ticks(0, top);
+    let main = Panel {
+        x0: 0.0,
+        // A margin after the last event, so a peak there is not on the frame.
+        x1: last as f64 * 1.02,
+        lo: 0,
+        hi: (top.div_ceil(step) * step).max(top + top / 25),
+        top: CHART_TOP,
+        h: CHART_H,
+    };
+    draw_panel(out, r, &main, &downsample(&r.timeline, PLOT_W as usize));
+    let _ = writeln!(
+        out,
+        r##"<text x="{:.1}" y="{:.1}" text-anchor="middle" class="small">event</text>"##,
+        LEFT + PLOT_W / 2.0,
+        CHART_TOP + CHART_H + 32.0
+    );
+    // The zoomed panel: the window around the peak, bytes fitted to it.
+    let (z0, z1) = zoom_window(r.events, r.peak_event);
+    let window: Vec<Sample> = r
+        .timeline
+        .iter()
+        .filter(|s| (z0..=z1).contains(&s.event))
+        .copied()
+        .collect();
+    let lo = window.iter().map(|s| s.requested).min().unwrap_or(0);
+    let hi = window
+        .iter()
+        .map(|s| s.reserved.max(s.requested))
+        .max()
+        .unwrap_or(1);
+    let pad = ((hi - lo) / 10).max(1 << 20);
+    let zoom = Panel {
+        x0: z0 as f64,
+        x1: z1 as f64
+            + if z1 + 1 >= r.events {
+                (z1 - z0) as f64 * 0.05
+            } else {
+                0.0
+            },
+        lo: lo.saturating_sub(pad),
+        hi: hi + pad,
+        top: ZOOM_TOP,
+        h: ZOOM_H,
+    };
+    let _ = writeln!(
+        out,
+        r##"<text x="{LEFT}" y="{:.1}" class="h2">Around the peak: events {z0} to {z1}</text>"##,
+        ZOOM_TOP - 12.0
+    );
+    draw_panel(out, r, &zoom, &downsample(&window, PLOT_W as usize));
     // Legend.
     let items = [
         (
@@ -164,7 +268,7 @@ fn chart(out: &mut String, r: &ReplayReport) {
         (
             C_ALLOCATED,
             format!(
-                "allocated (peak {})",
+                "allocated, pale band (peak {})",
                 format_size(r.peak_allocated as usize)
             ),
         ),
@@ -179,10 +283,15 @@ fn chart(out: &mut String, r: &ReplayReport) {
     for (i, (c, label)) in items.iter().enumerate() {
         let lx = LEFT + i as f64 * 300.0;
         let ly = CHART_TOP - 12.0;
+        let (h, o) = if *c == C_ALLOCATED {
+            (6.0, 0.35)
+        } else {
+            (3.0, 1.0)
+        };
         let _ = writeln!(
             out,
-            r##"<rect x="{lx}" y="{:.1}" width="14" height="4" fill="{c}"/>"##,
-            ly - 4.0
+            r##"<rect x="{lx}" y="{:.1}" width="14" height="{h}" fill="{c}" fill-opacity="{o}"/>"##,
+            ly - 3.0 - h / 2.0
         );
         let _ = writeln!(
             out,
@@ -193,7 +302,7 @@ fn chart(out: &mut String, r: &ReplayReport) {
     }
 }
 
-fn segment_map(out: &mut String, r: &ReplayReport) {
+fn segment_map(out: &mut String, r: &ReplayReport, notes: &HashMap<usize, String>) {
     let segs = &r.peak_segments;
     let total: usize = segs.iter().map(|s| s.total_size).sum();
     let empty = empty_segment_bytes(segs);
@@ -244,62 +353,99 @@ fn segment_map(out: &mut String, r: &ReplayReport) {
     }
     let per_row = total.div_ceil(MAP_ROWS) as f64;
     let scale = PLOT_W / per_row;
-    // Paint runs of equal colour, splitting at row ends.
+    // Each block is its own rectangle(s), split at row ends, with its hover text; the
+    // segment's stream is the strip over it.
+    let label: HashMap<usize, u32> = r.streams.iter().map(|(l, h)| (*h, *l)).collect();
+    let mut order: Vec<u32> = segs
+        .iter()
+        .map(|s| label.get(&s.stream.0).copied().unwrap_or(u32::MAX))
+        .collect();
+    order.sort_unstable();
+    order.dedup();
+    let colour =
+        |l: u32| C_STREAMS[order.iter().position(|o| *o == l).unwrap_or(0) % C_STREAMS.len()];
+    let paint =
+        |out: &mut String, start: f64, len: f64, color: &str, y_off: f64, h: f64, title: &str| {
+            let (mut s, mut left) = (start, len);
+            while left > 0.0 {
+                let row = (s / per_row).floor();
+                let in_row = s - row * per_row;
+                let take = left.min(per_row - in_row);
+                let _ = write!(
+                    out,
+                    r##"<rect x="{:.2}" y="{:.1}" width="{:.2}" height="{h}" fill="{color}">"##,
+                    LEFT + in_row * scale,
+                    MAP_TOP + row * (ROW_H + ROW_GAP) + y_off,
+                    (take * scale).max(0.3)
+                );
+                if title.is_empty() {
+                    out.push_str("</rect>\n");
+                } else {
+                    let _ = writeln!(out, "<title>{}</title></rect>", esc(title));
+                }
+                s += take;
+                left -= take;
+            }
+        };
     let mut pos = 0f64; // bytes from the start
-    let paint = |out: &mut String, start: f64, len: f64, color: &str| {
-        let (mut s, mut left) = (start, len);
-        while left > 0.0 {
-            let row = (s / per_row).floor();
-            let in_row = s - row * per_row;
-            let take = left.min(per_row - in_row);
-            let _ = writeln!(
-                out,
-                r##"<rect x="{:.2}" y="{:.1}" width="{:.2}" height="{ROW_H}" fill="{color}"/>"##,
-                LEFT + in_row * scale,
-                MAP_TOP + row * (ROW_H + ROW_GAP),
-                (take * scale).max(0.3)
-            );
-            s += take;
-            left -= take;
-        }
-    };
     let mut boundaries = Vec::new();
     for seg in segs {
         boundaries.push(pos);
+        let stream = label.get(&seg.stream.0).copied().unwrap_or(u32::MAX);
         let seg_empty = seg.blocks.iter().all(|b| b.state == BlockState::Inactive);
-        let mut run: Option<(&str, f64, f64)> = None;
-        for b in &seg.blocks {
-            let color = match b.state {
-                BlockState::ActiveAllocated if b.lent_to.is_some() => C_LENT,
-                BlockState::ActiveAllocated => C_ALLOCATED,
-                BlockState::ActivePendingFree => C_PENDING,
-                BlockState::Inactive if seg_empty => C_EMPTY_SEG,
-                BlockState::Inactive => C_INACTIVE,
-            };
-            run = match run {
-                Some((c, s, l)) if c == color => Some((c, s, l + b.size as f64)),
-                Some((c, s, l)) => {
-                    paint(out, s, l, c);
-                    Some((color, pos, b.size as f64))
+        let stream_text = if stream == u32::MAX {
+            format!("stream handle {}", seg.stream.0)
+        } else {
+            format!("stream {stream}")
+        };
+        paint(
+            out,
+            pos,
+            seg.total_size as f64,
+            colour(stream),
+            0.0,
+            STRIP_H,
+            &format!(
+                "segment at {:#x}: {}, {stream_text}{}",
+                seg.address,
+                format_size(seg.total_size),
+                if seg.is_expandable {
+                    ", expandable"
+                } else {
+                    ""
                 }
-                None => Some((color, pos, b.size as f64)),
+            ),
+        );
+        for b in &seg.blocks {
+            let (color, state) = match b.state {
+                BlockState::ActiveAllocated if b.lent_to.is_some() => {
+                    (C_LENT, "allocated, lent to another stream")
+                }
+                BlockState::ActiveAllocated => (C_ALLOCATED, "allocated"),
+                BlockState::ActivePendingFree => (C_PENDING, "pending free"),
+                BlockState::Inactive if seg_empty => (C_EMPTY_SEG, "cached free, segment empty"),
+                BlockState::Inactive => (C_INACTIVE, "cached free"),
             };
+            let mut title = format!(
+                "{:#x}: {} ({} requested), {state}, {stream_text}",
+                b.address,
+                format_size(b.size),
+                format_size(b.requested_size)
+            );
+            if let Some(note) = notes.get(&b.address) {
+                let _ = write!(title, "\n{note}");
+            }
+            paint(
+                out,
+                pos,
+                b.size as f64,
+                color,
+                STRIP_H,
+                ROW_H - STRIP_H,
+                &title,
+            );
             pos += b.size as f64;
         }
-        if let Some((c, s, l)) = run {
-            paint(out, s, l, c);
-        }
-    }
-    // Segment boundaries as thin dark ticks.
-    for b in boundaries {
-        let row = (b / per_row).floor();
-        let xx = LEFT + (b - row * per_row) * scale;
-        let yy = MAP_TOP + row * (ROW_H + ROW_GAP);
-        let _ = writeln!(
-            out,
-            r##"<line x1="{xx:.2}" y1="{yy:.1}" x2="{xx:.2}" y2="{:.1}" stroke="#212529" stroke-width="1"/>"##,
-            yy + ROW_H
-        );
     }
     let ly = MAP_TOP + MAP_ROWS as f64 * (ROW_H + ROW_GAP) + 12.0;
     for (i, (c, label)) in [
@@ -324,11 +470,38 @@ fn segment_map(out: &mut String, r: &ReplayReport) {
             ly + 10.0
         );
     }
+    let ly = ly + 22.0;
+    let _ = writeln!(
+        out,
+        r##"<text x="{LEFT}" y="{:.1}" class="small">strip over each segment: its stream</text>"##,
+        ly + 10.0
+    );
+    for (i, l) in order.iter().enumerate().take(C_STREAMS.len()) {
+        let lx = LEFT + 220.0 + i as f64 * 90.0;
+        let name = if *l == u32::MAX {
+            "other".to_string()
+        } else {
+            format!("stream {l}")
+        };
+        let _ = writeln!(
+            out,
+            r##"<rect x="{lx}" y="{ly:.1}" width="14" height="12" fill="{}"/><text x="{:.1}" y="{:.1}" class="small">{name}</text>"##,
+            colour(*l),
+            lx + 20.0,
+            ly + 10.0
+        );
+    }
 }
 
 /// The SVG picture of a replay (needs a report made with `detail`).
 pub fn render(r: &ReplayReport) -> String {
-    let height = MAP_TOP + MAP_ROWS as f64 * (ROW_H + ROW_GAP) + 40.0;
+    render_with(r, &HashMap::new())
+}
+
+/// [`render`], with `notes[address]` added to the hover text of the block there (its
+/// allocation and frames, from [`super::blame::block_notes`]).
+pub fn render_with(r: &ReplayReport, notes: &HashMap<usize, String>) -> String {
+    let height = MAP_TOP + MAP_ROWS as f64 * (ROW_H + ROW_GAP) + 62.0;
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -355,7 +528,7 @@ pub fn render(r: &ReplayReport) -> String {
         r.events
     );
     chart(&mut out, r);
-    segment_map(&mut out, r);
+    segment_map(&mut out, r, notes);
     out.push_str("</svg>\n");
     out
 }
@@ -375,6 +548,69 @@ fn device_calls(r: &ReplayReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn small_report(text: &str) -> ReplayReport {
+        let t = crate::trace::parse(text, "small.trace").unwrap();
+        let opts = crate::replay::ReplayOptions {
+            detail: true,
+            ..Default::default()
+        };
+        crate::replay::replay(&t, &opts, |_| {}).unwrap()
+    }
+
+    #[test]
+    fn a_peak_at_the_end_gets_a_zoomed_window_with_a_margin() {
+        // 1,000 events, the peak at the last: the window ends there, 62 events wide.
+        assert_eq!(zoom_window(1000, 999), (937, 999));
+        assert_eq!(zoom_window(1000, 500), (469, 531));
+        assert_eq!(zoom_window(1000, 0), (0, 62));
+        assert_eq!(zoom_window(10, 9), (0, 9));
+        assert_eq!(zoom_window(1, 0), (0, 0));
+        let mut text: String = (0..300).map(|i| format!("a {i} 1024 0\nf {i}\n")).collect();
+        text.push_str("a 999 104857600 1\n");
+        let r = small_report(&text);
+        assert_eq!(r.peak_event, 600);
+        let svg = render(&r);
+        assert!(svg.contains("Around the peak: events 560 to 600"), "{svg}");
+        // The peak marker of the zoomed panel stands inside the frame, not on its edge.
+        let marker = svg
+            .lines()
+            .filter(|l| l.contains("stroke-dasharray"))
+            .nth(1)
+            .unwrap();
+        let x: f64 = marker.split('"').nth(1).unwrap().parse().unwrap();
+        assert!(
+            x < LEFT + PLOT_W - 20.0 && x > LEFT + PLOT_W * 0.8,
+            "{marker}"
+        );
+    }
+
+    #[test]
+    fn lines_stream_strips_and_hover_details() {
+        let r = small_report("a 0 1000 0\na 1 3000000 1\na 2 2000 0\nf 2\n");
+        let mut notes = HashMap::new();
+        let ptr = r.actions[0].addr;
+        notes.insert(ptr, "allocation 0\n  forward (model.py:12)".to_string());
+        let svg = render_with(&r, &notes);
+        // Allocated is a wide pale band, drawn before the thin requested line.
+        let band = svg.find(r##"stroke="#1c7ed6" stroke-width="6""##).unwrap();
+        let req = svg
+            .find(r##"stroke="#2b8a3e" stroke-width="1.4""##)
+            .unwrap();
+        assert!(band < req);
+        // Each stream's segments carry its colour; the legend names both streams.
+        assert!(svg.contains(&format!(r##"fill="{}"><title>segment at"##, C_STREAMS[0])));
+        assert!(svg.contains(&format!(r##"fill="{}"><title>segment at"##, C_STREAMS[1])));
+        assert!(svg.contains(">stream 0</text>") && svg.contains(">stream 1</text>"));
+        // Hover text: address, size, state, stream, and the caller's note.
+        let title =
+            format!("<title>{ptr:#x}: 1024 bytes (1000 bytes requested), allocated, stream 0");
+        let at = svg.find(&title).unwrap_or_else(|| panic!("{svg}"));
+        assert!(svg[at..].starts_with(&format!(
+            "{title}\nallocation 0\n  forward (model.py:12)</title>"
+        )));
+        assert!(svg.contains("cached free, stream 0"));
+    }
 
     #[test]
     fn downsample_keeps_maxima() {

@@ -8,8 +8,12 @@
 //! r <id> <stream>                 that allocation was used on another stream
 //! s <stream>                      all work queued so far on that stream has completed
 //! ```
+//!
+//! Allocation stacks travel in `#@` comment lines that older readers skip
+//! ([`frames`]: `#@frame`, `#@stack` declarations and a trailing `#@<stack>` on `a` lines).
 
 pub mod derive;
+pub mod frames;
 #[cfg(feature = "cli")]
 pub mod pickle;
 #[cfg(feature = "cli")]

@@ -3,6 +3,7 @@
 mod acl;
 mod bad_input;
 mod basic;
+mod blame;
 mod capacity;
 mod cli;
 mod common;
@@ -21,4 +22,5 @@ mod props;
 mod replay;
 mod soak;
 mod stress;
+mod tune;
 mod zoo;

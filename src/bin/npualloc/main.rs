@@ -10,12 +10,15 @@ use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::{json, Value};
 
+use npualloc::replay::blame::{self, Blame};
 use npualloc::replay::{self, svg, MinCapacity, ReplayOptions, ReplayReport};
 use npualloc::snapshot::segments_json;
 use npualloc::stats::format_size;
+use npualloc::trace::frames::Stacks;
 use npualloc::trace::{self, Trace};
 
 mod settings;
+mod tune;
 
 #[derive(Parser)]
 #[command(
@@ -67,6 +70,10 @@ struct ReplayArgs {
     /// each replay completes with no OOM, and report the replay there.
     #[arg(long)]
     min_capacity: bool,
+    /// At peak reserved, list the top call sites by live bytes and by bytes wasted, per
+    /// stream (needs a snapshot or trace with frames to name call sites).
+    #[arg(long)]
+    blame: bool,
 }
 
 #[derive(Subcommand)]
@@ -83,6 +90,25 @@ enum Command {
         /// Output trace file.
         #[arg(short, long)]
         output: PathBuf,
+    },
+    /// Search allocator settings for the smallest device each trace runs on, without more
+    /// device calls or host syncs than the defaults; prints what it tried and the best.
+    Tune {
+        /// Trace files (.trace, or snapshot .pickle).
+        #[arg(required = true)]
+        traces: Vec<PathBuf>,
+        /// Largest simulated device tried (bytes, or with K/M/G/T).
+        #[arg(long, default_value = "64G")]
+        capacity: String,
+        /// Device trace to read from a snapshot pickle.
+        #[arg(long)]
+        device: Option<usize>,
+        /// Print the results as JSON.
+        #[arg(long)]
+        json: bool,
+        /// No progress lines.
+        #[arg(long, short)]
+        quiet: bool,
     },
     /// Convert a PyTorch / torch_npu memory snapshot pickle into a text trace.
     Convert {
@@ -113,26 +139,39 @@ fn parse_capacity(s: &str) -> Result<usize, String> {
         .ok_or_else(|| format!("--capacity '{s}' is not a size such as 64G or 1073741824"))
 }
 
-fn load(path: &Path, device: Option<usize>) -> Result<Trace, String> {
+/// A trace as read, with the stacks of its allocations (empty when it has none).
+struct Loaded {
+    trace: Trace,
+    stacks: Stacks,
+}
+
+/// Reads a text trace or a snapshot pickle; what a conversion added or left out is
+/// said on stderr.
+fn load(path: &Path, device: Option<usize>) -> Result<Loaded, String> {
     let name = path.display().to_string();
     let bytes = std::fs::read(path).map_err(|e| format!("{name}: cannot read: {e}"))?;
-    let trace = if path
-        .extension()
-        .is_some_and(|e| e == "pickle" || e == "pkl")
-    {
-        trace::pickle::from_snapshot(&bytes, &name, device)
+    let loaded = if is_pickle(path) {
+        let s = trace::pickle::read_snapshot(&bytes, &name, device).map_err(|e| e.to_string())?;
+        for line in s.notes.lines() {
+            eprintln!("note: {name}: {line}");
+        }
+        Loaded {
+            stacks: s.stacks(),
+            trace: s.trace,
+        }
     } else {
         let text = String::from_utf8(bytes)
             .map_err(|_| format!("{name}: not UTF-8 text (a .trace file is text)"))?;
-        trace::parse(&text, &name)
+        let (trace, stacks) =
+            trace::frames::parse_with_stacks(&text, &name).map_err(|e| e.to_string())?;
+        Loaded { trace, stacks }
     };
-    let trace = trace.map_err(|e| e.to_string())?;
-    if trace.ops.is_empty() {
+    if loaded.trace.ops.is_empty() {
         return Err(format!(
             "{name}: no events (the trace is empty or holds only its header)"
         ));
     }
-    Ok(trace)
+    Ok(loaded)
 }
 
 /// A bar that stays hidden until `run_one` decides to show it.
@@ -303,13 +342,48 @@ fn report_json(r: &ReplayReport, min: Option<&MinCapacity>) -> Value {
     v
 }
 
-fn snapshot_json(r: &ReplayReport) -> Value {
+/// Frames as PyTorch's snapshots write them.
+fn frames_json(stack: Option<&trace::frames::Stack>) -> Value {
+    let frames: Vec<Value> = stack
+        .map(|s| {
+            s.iter()
+                .map(|f| json!({"filename": f.filename, "line": f.line, "name": f.name}))
+                .collect()
+        })
+        .unwrap_or_default();
+    Value::Array(frames)
+}
+
+/// The state at peak in PyTorch's snapshot shape, with the trace's frames on the actions
+/// and on the blocks live at the peak.
+fn snapshot_json(r: &ReplayReport, t: &Trace, stacks: &Stacks) -> Value {
+    let id_of = |event: usize| match t.ops.get(event) {
+        Some(trace::Op::Alloc { id, .. } | trace::Op::Free { id }) => Some(*id),
+        _ => None,
+    };
     let traces: Vec<Value> = r
         .actions
         .iter()
-        .map(|a| json!({"action": a.action, "addr": a.addr, "size": a.size, "stream": a.stream, "time_us": a.event, "frames": []}))
+        .map(|a| {
+            let frames = frames_json(id_of(a.event).and_then(|id| stacks.get(&id)));
+            json!({"action": a.action, "addr": a.addr, "size": a.size, "stream": a.stream, "time_us": a.event, "frames": frames})
+        })
         .collect();
-    json!({ "segments": segments_json(0, &r.peak_segments), "device_traces": [traces] })
+    let mut segments = segments_json(0, &r.peak_segments);
+    if !stacks.is_empty() {
+        let ids = blame::ids_at_peak(t, r);
+        for b in segments
+            .iter_mut()
+            .filter_map(|s| s["blocks"].as_array_mut())
+            .flatten()
+        {
+            let id = b["address"].as_u64().and_then(|a| ids.get(&(a as usize)));
+            if let Some(stack) = id.and_then(|id| stacks.get(id)) {
+                b["frames"] = frames_json(Some(stack));
+            }
+        }
+    }
+    json!({ "segments": segments, "device_traces": [traces] })
 }
 
 /// `out.svg` for a single run; `out-<trace>-<setting>.svg` when there are several.
@@ -343,8 +417,10 @@ fn write(path: &Path, content: impl AsRef<[u8]>, what: &str) -> Result<(), Strin
 /// One trace's runs, one per setting, in `--conf` order.
 struct TraceRuns {
     trace: Trace,
+    stacks: Stacks,
     reports: Vec<ReplayReport>,
     mins: Vec<MinCapacity>,
+    blames: Vec<Blame>,
 }
 
 /// An HTML page: per trace, the settings' table and their pictures side by side.
@@ -360,7 +436,7 @@ fn html_page(runs: &[TraceRuns], labels: &[String]) -> String {
             body.push_str(&format!(
                 "<figure><figcaption>{}</figcaption>{}</figure>",
                 html_escape(label),
-                svg::render(r)
+                svg::render_with(r, &blame::block_notes(&t.trace, &t.stacks, r))
             ));
         }
         body.push_str("</div>\n");
@@ -410,16 +486,19 @@ fn replay_cmd(args: ReplayArgs) -> Result<bool, String> {
     let capacity = parse_capacity(&args.capacity)?;
     let settings = settings::parse_all(&args.confs)?;
     let labels: Vec<String> = settings.iter().map(|s| s.label.clone()).collect();
-    let detail = args.svg.is_some() || args.html.is_some() || args.snapshot.is_some();
+    let detail = args.blame || args.svg.is_some() || args.html.is_some() || args.snapshot.is_some();
     let many = args.traces.len() * settings.len() > 1;
     let mut fits = true;
     let mut runs = Vec::new();
     for path in &args.traces {
-        let trace = load(path, args.device)?.repeated(args.repeat.into());
+        let loaded = load(path, args.device)?;
+        let n = args.repeat.into();
         let mut t = TraceRuns {
-            trace,
+            trace: loaded.trace.repeated(n),
+            stacks: blame::repeat_stacks(&loaded.trace, &loaded.stacks, n),
             reports: Vec::new(),
             mins: Vec::new(),
+            blames: Vec::new(),
         };
         for setting in &settings {
             let opts = ReplayOptions {
@@ -432,11 +511,12 @@ fn replay_cmd(args: ReplayArgs) -> Result<bool, String> {
             fits &= r.ooms == 0;
             if let Some(p) = &args.svg {
                 let out = named(p, &r, &setting.label, many);
-                write(&out, svg::render(&r), "the picture")?;
+                let notes = blame::block_notes(&t.trace, &t.stacks, &r);
+                write(&out, svg::render_with(&r, &notes), "the picture")?;
             }
             if let Some(p) = &args.snapshot {
                 let out = named(p, &r, &setting.label, many);
-                let json = snapshot_json(&r);
+                let json = snapshot_json(&r, &t.trace, &t.stacks);
                 if is_pickle(&out) {
                     let bytes = npualloc::pickle::to_pickle(&json);
                     write(&out, bytes, "the snapshot (pickle)")?;
@@ -453,6 +533,9 @@ fn replay_cmd(args: ReplayArgs) -> Result<bool, String> {
                     .map_err(|e| format!("{}: {e}", t.trace.name))?;
                 t.mins.push(m);
             }
+            if args.blame {
+                t.blames.push(blame::blame(&t.trace, &t.stacks, &r));
+            }
             t.reports.push(r);
         }
         if !args.json {
@@ -462,6 +545,9 @@ fn replay_cmd(args: ReplayArgs) -> Result<bool, String> {
                 t.trace.ops.len(),
                 table(&t.reports, &labels, &t.mins)
             );
+            for (b, label) in t.blames.iter().zip(&labels) {
+                println!("[{label}] {}", b.text());
+            }
         }
         runs.push(t);
     }
@@ -482,6 +568,9 @@ fn replay_cmd(args: ReplayArgs) -> Result<bool, String> {
                     .map(|(i, (r, label))| {
                         let mut v = report_json(r, t.mins.get(i));
                         v["label"] = json!(label);
+                        if let Some(b) = t.blames.get(i) {
+                            v["blame"] = b.json();
+                        }
                         v
                     })
             })
@@ -510,7 +599,7 @@ fn main() -> ExitCode {
             case,
             output,
         } => load(&trace, None).and_then(|t| {
-            let d = trace::derive::derive(&t, &case).ok_or_else(|| {
+            let d = trace::derive::derive(&t.trace, &case).ok_or_else(|| {
                 format!(
                     "unknown case '{case}': expected one of {}",
                     trace::derive::CASES.join(", ")
@@ -521,14 +610,34 @@ fn main() -> ExitCode {
             write(&output, out, &format!("{} events", d.ops.len()))?;
             Ok(())
         }),
+        Command::Tune {
+            traces,
+            capacity,
+            device,
+            json,
+            quiet,
+        } => (|| {
+            let limit = parse_capacity(&capacity)?;
+            let loaded: Vec<Trace> = traces
+                .iter()
+                .map(|p| load(p, device).map(|l| l.trace))
+                .collect::<Result<_, _>>()?;
+            tune::run(&loaded, limit, json, quiet)
+        })(),
         Command::Convert {
             snapshot,
             output,
             device,
         } => load(&snapshot, device).and_then(|t| {
             let mut out = Vec::new();
-            t.write_to(&mut out).map_err(|e| e.to_string())?;
-            write(&output, out, &format!("{} events", t.ops.len()))?;
+            trace::frames::write_with_stacks(&t.trace, &t.stacks, &mut out)
+                .map_err(|e| e.to_string())?;
+            let what = format!(
+                "{} events ({} allocations with frames)",
+                t.trace.ops.len(),
+                t.stacks.len()
+            );
+            write(&output, out, &what)?;
             Ok(())
         }),
     };

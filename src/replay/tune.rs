@@ -1,0 +1,269 @@
+//! Searching the settings for the one that needs the smallest device: a coordinate
+//! search over a small grid, each point scored by [`min_capacity`] on every trace.
+//!
+//! The grid ([`GRID`]): PyTorch's `max_split_size_mb`, `roundup_power2_divisions` and
+//! `expandable_segments`, the page size `large_segment_size_mb` (which turns expandable
+//! segments on with it), and npualloc's own switches set to `False`. `garbage_collection_threshold` is left out: it acts only
+//! when a memory fraction caps the device, which a replay does not set, so every value
+//! would score like the defaults.
+//!
+//! The search starts from the defaults. For each key in turn it tries each of its values
+//! (and unsetting it, once set) on top of the best setting so far, and keeps the one that
+//! lowers the total minimum capacity over the traces (at equal capacity: the total of
+//! device calls and host syncs) without raising, on any trace, the device calls (segment
+//! mallocs plus page maps) or host synchronisations of the replay at the minimum
+//! capacity compared with the defaults' (a trace the defaults do not fit within the
+//! limit sets no such bound, and any setting that fits every trace beats them). Rounds
+//! repeat while one changes the setting, at most [`ROUNDS`]; a setting is never scored
+//! twice. So the work is bounded: at most `ROUNDS × (grid values + keys)` settings,
+//! each a dozen or so replays per trace.
+
+use std::collections::{BTreeMap, HashSet};
+
+use super::capacity::{min_capacity, MinCapacity};
+use super::ReplayOptions;
+use crate::trace::Trace;
+use crate::{Config, Error};
+
+/// Keys and the values tried for each.
+pub const GRID: [(&str, &[&str]); 9] = [
+    ("max_split_size_mb", &["64", "128", "256", "512"]),
+    ("roundup_power2_divisions", &["1", "2", "4", "8"]),
+    ("expandable_segments", &["True"]),
+    ("large_segment_size_mb", &["2", "4", "8"]),
+    ("reclaim_before_growth", &["False"]),
+    ("adaptive_segments", &["False"]),
+    ("hot_cache", &["False"]),
+    ("lend_segments", &["False"]),
+    ("lend_blocks", &["False"]),
+];
+
+/// Most rounds over the keys.
+pub const ROUNDS: usize = 3;
+
+/// One trace's figures under one setting, at that setting's minimum capacity.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Score {
+    /// Minimum capacity in bytes (`None`: does not fit even at the limit).
+    pub capacity: Option<u64>,
+    /// The trace's peak requested bytes.
+    pub peak_requested: u64,
+    /// Segment mallocs plus page maps of the replay at the minimum capacity.
+    pub device_calls: u64,
+    /// Host synchronisations of that replay.
+    pub host_syncs: u64,
+}
+
+/// What became of a setting the search tried.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The defaults, which everything is compared with.
+    Baseline,
+    /// It became the best setting so far.
+    Kept,
+    /// It fit with no more device calls or syncs than the defaults, but was no better than
+    /// the best so far (more memory, or as much with as many calls).
+    NotSmaller,
+    /// It needed more device calls or host syncs than the defaults on some trace.
+    MoreCalls,
+    /// Some trace did not fit at the limit.
+    NoFit,
+    /// The allocator refused the settings (the reason).
+    Refused(String),
+}
+
+/// One setting tried.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tried {
+    /// The full settings string.
+    pub conf: String,
+    /// What it changed from the best so far (`key:value`, or `-key` for unsetting).
+    pub change: String,
+    /// Per trace (empty when refused).
+    pub scores: Vec<Score>,
+    /// The verdict.
+    pub outcome: Outcome,
+}
+
+impl Tried {
+    /// Device calls plus host syncs over the traces (the tie-break between settings that
+    /// need the same memory).
+    pub fn cost(&self) -> u64 {
+        self.scores
+            .iter()
+            .map(|s| s.device_calls + s.host_syncs)
+            .sum()
+    }
+
+    /// Sum of minimum capacities (`None` if some trace does not fit, or it was refused).
+    pub fn total(&self) -> Option<u64> {
+        if self.scores.is_empty() {
+            return None;
+        }
+        self.scores.iter().map(|s| s.capacity).sum()
+    }
+}
+
+/// The search's result.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tuning {
+    /// Every setting tried, in order; the first is the defaults.
+    pub tried: Vec<Tried>,
+    /// The best settings string (empty: the defaults).
+    pub best: String,
+}
+
+impl Tuning {
+    /// The entry of the best setting.
+    pub fn best_tried(&self) -> &Tried {
+        self.tried
+            .iter()
+            .rev()
+            .find(|t| t.conf == self.best && matches!(t.outcome, Outcome::Kept | Outcome::Baseline))
+            .unwrap_or(&self.tried[0])
+    }
+}
+
+fn conf_string(s: &BTreeMap<&str, &str>) -> String {
+    // In the grid's order, so equal settings read the same.
+    GRID.iter()
+        .filter_map(|(k, _)| s.get(k).map(|v| format!("{k}:{v}")))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn score(traces: &[Trace], conf: &str, limit: usize) -> Result<Vec<Score>, Error> {
+    let opts = ReplayOptions {
+        conf: conf.to_owned(),
+        capacity: limit,
+        detail: false,
+    };
+    traces
+        .iter()
+        .map(|t| {
+            Ok(match min_capacity(t, &opts)? {
+                MinCapacity::Fits {
+                    capacity,
+                    peak_requested,
+                    at_min,
+                    ..
+                } => Score {
+                    capacity: Some(capacity),
+                    peak_requested,
+                    device_calls: at_min.device_mallocs + at_min.page_maps,
+                    host_syncs: at_min.host_syncs,
+                },
+                MinCapacity::NoFit { .. } => Score {
+                    capacity: None,
+                    peak_requested: t.peak_requested(),
+                    device_calls: 0,
+                    host_syncs: 0,
+                },
+            })
+        })
+        .collect()
+}
+
+/// Searches the settings on `traces` (minimum capacities searched up to `limit` bytes);
+/// `progress` sees each setting once scored.
+pub fn tune(
+    traces: &[Trace],
+    limit: usize,
+    mut progress: impl FnMut(&Tried),
+) -> Result<Tuning, Error> {
+    let base = Tried {
+        conf: String::new(),
+        change: "(defaults)".into(),
+        scores: score(traces, "", limit)?,
+        outcome: Outcome::Baseline,
+    };
+    progress(&base);
+    let baseline = base.scores.clone();
+    let mut best = (base.total(), base.cost());
+    let mut tried = vec![base];
+    let mut seen: HashSet<String> = HashSet::from([String::new()]);
+    let mut current: BTreeMap<&str, &str> = BTreeMap::new();
+    for _ in 0..ROUNDS {
+        let mut changed = false;
+        for (key, values) in GRID {
+            let mut options: Vec<Option<&str>> = values
+                .iter()
+                .filter(|v| current.get(key) != Some(*v))
+                .map(|v| Some(*v))
+                .collect();
+            if current.contains_key(key) {
+                options.push(None);
+            }
+            let mut winner: Option<BTreeMap<&str, &str>> = None;
+            for v in options {
+                let mut cand = current.clone();
+                let change = match v {
+                    // Only expandable segments have pages: a page size turns them on.
+                    Some(v)
+                        if key == "large_segment_size_mb"
+                            && !cand.contains_key("expandable_segments") =>
+                    {
+                        cand.insert("expandable_segments", "True");
+                        cand.insert(key, v);
+                        format!("expandable_segments:True,{key}:{v}")
+                    }
+                    Some(v) => {
+                        cand.insert(key, v);
+                        format!("{key}:{v}")
+                    }
+                    None => {
+                        cand.remove(key);
+                        if key == "expandable_segments" {
+                            cand.remove("large_segment_size_mb");
+                        }
+                        format!("-{key}")
+                    }
+                };
+                let conf = conf_string(&cand);
+                if !seen.insert(conf.clone()) {
+                    continue;
+                }
+                let mut t = Tried {
+                    conf: conf.clone(),
+                    change,
+                    scores: Vec::new(),
+                    outcome: Outcome::NoFit,
+                };
+                if let Err(e) = Config::parse(&conf) {
+                    t.outcome = Outcome::Refused(e.to_string());
+                } else {
+                    t.scores = score(traces, &conf, limit)?;
+                    // A trace the defaults do not fit sets no bound.
+                    let cheap = t.scores.iter().zip(&baseline).all(|(s, b)| {
+                        b.capacity.is_none()
+                            || (s.device_calls <= b.device_calls && s.host_syncs <= b.host_syncs)
+                    });
+                    let cost = t.cost();
+                    t.outcome = match t.total() {
+                        None => Outcome::NoFit,
+                        Some(_) if !cheap => Outcome::MoreCalls,
+                        Some(total) if best.0.is_none_or(|b| (total, cost) < (b, best.1)) => {
+                            best = (Some(total), cost);
+                            winner = Some(cand);
+                            Outcome::Kept
+                        }
+                        Some(_) => Outcome::NotSmaller,
+                    };
+                }
+                progress(&t);
+                tried.push(t);
+            }
+            if let Some(cand) = winner {
+                current = cand;
+                changed = true;
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    Ok(Tuning {
+        tried,
+        best: conf_string(&current),
+    })
+}
