@@ -7,7 +7,8 @@
 //! `expandable_segments`, `large_segment_size_mb`, `small_segment_size_mb`,
 //! `page_size` (`1g`), and npualloc's own `reclaim_before_growth`, `adaptive_segments`,
 //! `hot_cache`, `lend_segments` and `lend_blocks` (all `False` gives PyTorch's policy
-//! exactly). `Config::parse_torch_npu` reads `PYTORCH_NPU_ALLOC_CONF` as torch_npu 2.14
+//! exactly), and `request_padding` (bytes added to every request before rounding;
+//! [`TORCH_NPU_POLICY`] sets torch_npu's 32). `Config::parse_torch_npu` reads `PYTORCH_NPU_ALLOC_CONF` as torch_npu 2.14
 //! does: every key torch_npu accepts is accepted (equivalents honoured, the rest listed
 //! as ignored).
 
@@ -26,6 +27,22 @@ pub const MAX_ROUNDUP_DIVISIONS: usize = 1 << 27;
 pub const PYTORCH_POLICY: &str =
     "reclaim_before_growth:False,adaptive_segments:False,hot_cache:False,lend_segments:False,\
      lend_blocks:False";
+
+/// Bytes torch_npu 2.14 adds to every request before rounding on the SoCs and CANN
+/// versions users run today (`AddPadSize()`: 0 only from Ascend950 with CANN 9.1).
+pub const TORCH_NPU_PADDING: usize = 32;
+
+/// The allocator torch_npu 2.14 users have: [`PYTORCH_POLICY`] plus torch_npu's
+/// 32-byte request padding, so replays on the simulated device reproduce torch_npu's
+/// rounding (on the ACL backend the device pads already; the two do not add up).
+/// Best fit breaking ties between equal-size blocks by address, torch_npu's third
+/// detail, is what every setting does (`pool::free_list`).
+pub const TORCH_NPU_POLICY: &str =
+    "reclaim_before_growth:False,adaptive_segments:False,hot_cache:False,lend_segments:False,\
+     lend_blocks:False,request_padding:32";
+
+/// Most bytes `request_padding` accepts (a pad, not a second allocation).
+pub const MAX_REQUEST_PADDING: usize = 4096;
 
 /// Parsed allocator settings.
 #[derive(Clone, Debug, PartialEq)]
@@ -63,6 +80,10 @@ pub struct Config {
     /// for an event recorded there, and the block goes back only after this stream's
     /// work on it (npualloc's addition; `False` keeps each stream's blocks to itself).
     pub lend_blocks: bool,
+    /// Bytes added to every request before rounding, as torch_npu does on Ascend
+    /// (`request_padding:32`); the device's own padding (`Device::request_padding`) is
+    /// not added to it: the larger of the two applies.
+    pub request_padding: usize,
 }
 
 impl Default for Config {
@@ -80,6 +101,7 @@ impl Default for Config {
             hot_cache: true,
             lend_segments: true,
             lend_blocks: true,
+            request_padding: 0,
         }
     }
 }
@@ -186,6 +208,19 @@ impl Config {
                 }
                 "lend_blocks" => {
                     cfg.lend_blocks = parse_bool(key, value)?;
+                }
+                "request_padding" => {
+                    let n: usize = value
+                        .parse()
+                        .map_err(|_| bad(key, value, "expected a whole number of bytes"))?;
+                    if n > MAX_REQUEST_PADDING {
+                        return Err(bad(
+                            key,
+                            value,
+                            &format!("must be at most {MAX_REQUEST_PADDING}"),
+                        ));
+                    }
+                    cfg.request_padding = n;
                 }
                 "expandable_segments" => {
                     cfg.expandable_segments = parse_bool(key, value)?;
@@ -487,6 +522,22 @@ mod tests {
             },
             d
         );
+    }
+
+    #[test]
+    fn torch_npu_policy_is_pytorch_policy_padded_by_32_bytes() {
+        let t = Config::parse(TORCH_NPU_POLICY).unwrap();
+        assert_eq!(t.request_padding, TORCH_NPU_PADDING);
+        assert_eq!(
+            Config {
+                request_padding: 0,
+                ..t
+            },
+            Config::parse(PYTORCH_POLICY).unwrap()
+        );
+        assert_eq!(Config::default().request_padding, 0);
+        assert!(Config::parse("request_padding:4097").is_err());
+        assert!(Config::parse("request_padding:-1").is_err());
     }
 
     #[test]

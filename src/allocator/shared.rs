@@ -22,7 +22,9 @@ pub(crate) struct Shared {
     pub config: Config,
     /// Profiler markers around the slow paths.
     pub markers: Arc<Mstx>,
-    /// Bytes the device adds to each request before rounding.
+    /// Bytes added to each request before rounding: the device's
+    /// (`Device::request_padding`) or the settings' `request_padding`, the larger (both
+    /// are torch_npu's 32 bytes on Ascend; they never add up).
     pub padding: usize,
     /// Device bytes held by all shards.
     pub reserved: AtomicUsize,
@@ -51,9 +53,9 @@ impl Shared {
         Shared {
             device,
             index,
+            padding: padding.max(config.request_padding),
             config,
             markers: Mstx::global(),
-            padding,
             reserved: AtomicUsize::new(0),
             hwm: AtomicUsize::new(0),
             reserved_peak: AtomicUsize::new(0),

@@ -17,6 +17,7 @@ mod graph_pools;
 mod lending;
 mod mstx;
 mod pickle;
+mod policy;
 mod props;
 #[cfg(feature = "cli")]
 mod replay;

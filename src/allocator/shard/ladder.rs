@@ -357,6 +357,17 @@ mod tests {
     }
 
     #[test]
+    fn request_padding_moves_a_request_across_a_rounding_step() {
+        // torch_npu's preset pads by 32 bytes before rounding: 512 B takes 1 KiB, and
+        // 2 MiB takes 2 MiB + 512 B (the device's own padding, 0 here, is not added).
+        let (_sim, st) = shard(crate::config::TORCH_NPU_POLICY);
+        assert_eq!(st.request(512).unwrap().rounded, 1024);
+        assert_eq!(st.request(2 << 20).unwrap().rounded, (2 << 20) + 512);
+        let (_sim, st) = shard(crate::config::PYTORCH_POLICY);
+        assert_eq!(st.request(512).unwrap().rounded, 512);
+    }
+
+    #[test]
     fn the_own_cache_serves_a_repeat_without_a_device_malloc() {
         let (sim, mut st) = shard("");
         let p = st.malloc(1000, false, &NoPeers).unwrap().unwrap();

@@ -1,10 +1,10 @@
 //! `--conf` values: an optional name, presets, validation before any replay.
 //!
 //! `--conf NAME=SETTINGS` names a column; `pytorch` (alone or leading a list) stands
-//! for PyTorch's exact policy; the empty string is the defaults. A setting without a
-//! name is labelled by its text when that is short, else `conf N` with a legend.
+//! for PyTorch's exact policy, `torch_npu` for torch_npu 2.14's; the empty string is
+//! the defaults. A setting without a name is labelled by its text when that is short, else `conf N` with a legend.
 
-use npualloc::config::PYTORCH_POLICY;
+use npualloc::config::{PYTORCH_POLICY, TORCH_NPU_POLICY};
 use npualloc::Config;
 
 /// Longest settings text used as its own column label.
@@ -26,6 +26,8 @@ pub fn expand(conf: &str) -> String {
     match conf.split_once(',') {
         _ if conf.trim() == "pytorch" => PYTORCH_POLICY.to_string(),
         Some((first, rest)) if first.trim() == "pytorch" => format!("{PYTORCH_POLICY},{rest}"),
+        _ if conf.trim() == "torch_npu" => TORCH_NPU_POLICY.to_string(),
+        Some((first, rest)) if first.trim() == "torch_npu" => format!("{TORCH_NPU_POLICY},{rest}"),
         _ => conf.to_string(),
     }
 }
@@ -104,6 +106,20 @@ mod tests {
 
     fn given(v: &[&str]) -> Vec<String> {
         v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn torch_npu_expands_to_its_preset() {
+        assert_eq!(expand("torch_npu"), TORCH_NPU_POLICY);
+        assert_eq!(
+            expand("torch_npu,expandable_segments:True"),
+            format!("{TORCH_NPU_POLICY},expandable_segments:True")
+        );
+        let s = parse_all(&given(&["torch_npu"])).unwrap();
+        assert_eq!(
+            (s[0].label.as_str(), s[0].conf.as_str()),
+            ("torch_npu", TORCH_NPU_POLICY)
+        );
     }
 
     #[test]

@@ -1,0 +1,122 @@
+//! Allocator policy against PyTorch's and torch_npu's (issue #15): the torch_npu preset
+//! reproduces torch_npu 2.14's own allocator on the shipped traces, and on random churn
+//! the default settings never reserve more than PyTorch's policy.
+
+use npualloc::config::{PYTORCH_POLICY, TORCH_NPU_POLICY};
+use npualloc::replay::{replay, ReplayOptions};
+use npualloc::trace::{self, Trace};
+
+use crate::replay::load;
+
+const MIB: u64 = 1 << 20;
+
+fn run(t: &Trace, conf: &str) -> npualloc::replay::ReplayReport {
+    let opts = ReplayOptions {
+        conf: conf.into(),
+        ..ReplayOptions::default()
+    };
+    let r = replay(t, &opts, |_| {}).unwrap();
+    assert_eq!(r.ooms, 0, "{} [{conf}]", t.name);
+    assert_eq!(r.invariants, Ok(()), "{} [{conf}]", t.name);
+    r
+}
+
+/// torch_npu 2.14's own allocator on the stand-in CANN libraries (benches/README.md,
+/// "The real anchor"): peak reserved and device mallocs. The preset gives the same
+/// figures exactly on these two; PyTorch's policy does not on gpt2 (1.445, not 1.485).
+#[test]
+fn the_torch_npu_preset_reproduces_torch_npus_own_allocator() {
+    for (name, reserved, mallocs) in [
+        ("gpt2_infer.trace", 296 * MIB, 8),
+        ("bert_train.trace", 2014 * MIB, 75),
+    ] {
+        let r = run(&load(name), TORCH_NPU_POLICY);
+        assert_eq!(
+            (r.peak_reserved, r.device_mallocs),
+            (reserved, mallocs),
+            "{name}"
+        );
+    }
+    let p = run(&load("gpt2_infer.trace"), PYTORCH_POLICY);
+    assert_ne!(p.peak_reserved, 296 * MIB, "the padding is what moves gpt2");
+}
+
+/// splitmix64: a small seeded generator, so the churn is the same on every machine.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// The random churn of issue #15: `steps` steps, each allocating (sizes log-uniform
+/// from 512 B to 33 MiB, plus up to 4 KiB) or freeing a random live allocation, at most
+/// `max_live` live; everything is freed at the end.
+pub(crate) fn churn(seed: u64, steps: usize, max_live: usize) -> Trace {
+    let mut rng = Rng(seed);
+    let mut text = String::new();
+    let mut live: Vec<u64> = Vec::new();
+    let (lo, hi) = (9.0f64, (33.0 * MIB as f64).log2());
+    for id in 0..steps as u64 {
+        let alloc = live.is_empty() || (live.len() < max_live && rng.below(2) == 0);
+        if alloc {
+            let x = rng.below(1 << 30) as f64 / (1u64 << 30) as f64;
+            let size = (lo + x * (hi - lo)).exp2() as u64 + rng.below(4097);
+            text.push_str(&format!("a {id} {size} 0\n"));
+            live.push(id);
+        } else {
+            let i = rng.below(live.len() as u64) as usize;
+            text.push_str(&format!("f {}\n", live.swap_remove(i)));
+        }
+    }
+    for id in live {
+        text.push_str(&format!("f {id}\n"));
+    }
+    trace::parse(&text, &format!("churn seed {seed}")).unwrap()
+}
+
+/// Seeds of the churn tests.
+const SEEDS: std::ops::RangeInclusive<u64> = 1..=32;
+
+#[test]
+fn random_churn_replays_cleanly_under_every_preset() {
+    for seed in SEEDS {
+        let t = churn(seed, 600, 40);
+        assert!(t.peak_requested() > 0);
+        for conf in ["", PYTORCH_POLICY, TORCH_NPU_POLICY] {
+            let r = run(&t, conf);
+            assert_eq!(r.reserved_after_drain, 0, "seed {seed} [{conf}]");
+            assert!(r.peak_reserved >= r.peak_allocated, "seed {seed} [{conf}]");
+        }
+    }
+}
+
+/// Issue #15's churn target. Fails today: the defaults reserve more than PyTorch's
+/// policy on 16 of the 32 seeds (seed 1: 194 MiB against 174; seed 8: 156 against
+/// 136); turning off `reclaim_before_growth` alone leaves 17 worse, `adaptive_segments`
+/// alone 9 (benches/README.md). Run with `cargo test --test all -- --ignored churn`.
+#[test]
+#[ignore = "issue #15 target, not met yet: 16 of 32 seeds reserve more than PyTorch's policy"]
+fn on_random_churn_the_defaults_never_reserve_more_than_pytorch() {
+    let mut worse = Vec::new();
+    for seed in SEEDS {
+        let t = churn(seed, 600, 40);
+        let (ours, pytorch) = (run(&t, ""), run(&t, PYTORCH_POLICY));
+        if ours.peak_reserved > pytorch.peak_reserved {
+            worse.push((seed, ours.peak_reserved / MIB, pytorch.peak_reserved / MIB));
+        }
+    }
+    assert!(
+        worse.is_empty(),
+        "(seed, ours MiB, PyTorch's MiB): {worse:?}"
+    );
+}
