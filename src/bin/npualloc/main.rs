@@ -37,8 +37,10 @@ struct ReplayArgs {
     /// Trace files.
     #[arg(required = true)]
     traces: Vec<PathBuf>,
-    /// Allocator settings (PyTorch syntax); repeat to compare side by side. A leading
-    /// `pytorch` stands for PyTorch's policy (`pytorch,expandable_segments:True`).
+    /// Allocator settings (PyTorch syntax), `NAME=SETTINGS` to name the column; repeat to
+    /// compare side by side. A leading `pytorch` stands for PyTorch's policy
+    /// (`pytorch,expandable_segments:True`), `torch_npu` for torch_npu 2.14's (PyTorch's
+    /// plus 32-byte request padding).
     #[arg(long = "conf")]
     confs: Vec<String>,
     /// Simulated device capacity (bytes, or with K/M/G/T).
