@@ -77,7 +77,8 @@ enum Command {
     Derive {
         /// The single-stream trace.
         trace: PathBuf,
-        /// comm (a lagging communication stream), branch (a side branch), rr4 (4 streams).
+        /// comm (a communication stream 16–256 allocations late), comm<N> (exactly N late:
+        /// comm16, comm64, comm256), branch (a side branch), rr4 (4 streams).
         #[arg(long)]
         case: String,
         /// Output trace file.
@@ -512,7 +513,7 @@ fn main() -> ExitCode {
         } => load(&trace, None).and_then(|t| {
             let d = trace::derive::derive(&t, &case).ok_or_else(|| {
                 format!(
-                    "unknown case '{case}': expected one of {}",
+                    "unknown case '{case}': expected one of {} or comm<N>",
                     trace::derive::CASES.join(", ")
                 )
             })?;
