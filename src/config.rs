@@ -6,8 +6,9 @@
 //! `[256:1,512:2,>:4]` keyed by MiB intervals), `garbage_collection_threshold`,
 //! `expandable_segments`, `large_segment_size_mb`, `small_segment_size_mb`,
 //! `page_size` (`1g`), and npualloc's own `reclaim_before_growth`, `adaptive_segments`,
-//! `hot_cache`, `lend_segments` and `lend_blocks` (all `False` gives PyTorch's policy
-//! exactly). `Config::parse_torch_npu` reads `PYTORCH_NPU_ALLOC_CONF` as torch_npu 2.14
+//! `hot_cache`, `lend_segments`, `lend_blocks` and `wait_before_growth` (all `False`
+//! gives PyTorch's policy exactly), and `reserve_budget_mb` (a soft ceiling on reserved
+//! memory, off by default). `Config::parse_torch_npu` reads `PYTORCH_NPU_ALLOC_CONF` as torch_npu 2.14
 //! does: every key torch_npu accepts is accepted (equivalents honoured, the rest listed
 //! as ignored).
 
@@ -25,7 +26,7 @@ pub const MAX_ROUNDUP_DIVISIONS: usize = 1 << 27;
 /// policy exactly (replays of the shipped traces match PyTorch's figures).
 pub const PYTORCH_POLICY: &str =
     "reclaim_before_growth:False,adaptive_segments:False,hot_cache:False,lend_segments:False,\
-     lend_blocks:False";
+     lend_blocks:False,wait_before_growth:False";
 
 /// Parsed allocator settings.
 #[derive(Clone, Debug, PartialEq)]
@@ -63,6 +64,15 @@ pub struct Config {
     /// for an event recorded there, and the block goes back only after this stream's
     /// work on it (npualloc's addition; `False` keeps each stream's blocks to itself).
     pub lend_blocks: bool,
+    /// Under memory pressure (growth would pass the capacity, the memory fraction or
+    /// `reserve_budget`), make the allocating stream wait on the device for the event
+    /// of a pending free that fits instead of growing or synchronising the host
+    /// (npualloc's addition, `shard/pressure.rs`; `False` gives PyTorch's path).
+    pub wait_before_growth: bool,
+    /// A soft ceiling on reserved bytes (`reserve_budget_mb`): growth past it first tries
+    /// a device-side wait for a pending free (with `wait_before_growth`), then grows
+    /// anyway. `None` (the default): no budget.
+    pub reserve_budget: Option<usize>,
 }
 
 impl Default for Config {
@@ -80,6 +90,8 @@ impl Default for Config {
             hot_cache: true,
             lend_segments: true,
             lend_blocks: true,
+            wait_before_growth: true,
+            reserve_budget: None,
         }
     }
 }
@@ -186,6 +198,12 @@ impl Config {
                 }
                 "lend_blocks" => {
                     cfg.lend_blocks = parse_bool(key, value)?;
+                }
+                "wait_before_growth" => {
+                    cfg.wait_before_growth = parse_bool(key, value)?;
+                }
+                "reserve_budget_mb" => {
+                    cfg.reserve_budget = Some(parse_mb(key, value, 1)?);
                 }
                 "expandable_segments" => {
                     cfg.expandable_segments = parse_bool(key, value)?;
@@ -472,6 +490,7 @@ mod tests {
         let c = Config::parse(PYTORCH_POLICY).unwrap();
         assert!(!c.reclaim_before_growth && !c.adaptive_segments);
         assert!(!c.hot_cache && !c.lend_segments && !c.lend_blocks);
+        assert!(!c.wait_before_growth && c.reserve_budget.is_none());
         let d = Config::default();
         assert!(d.reclaim_before_growth && d.adaptive_segments && d.hot_cache && d.lend_segments);
         assert!(d.lend_blocks);
@@ -483,6 +502,7 @@ mod tests {
                 hot_cache: true,
                 lend_segments: true,
                 lend_blocks: true,
+                wait_before_growth: true,
                 ..c
             },
             d
