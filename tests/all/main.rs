@@ -16,6 +16,8 @@ mod graph_pools;
 mod lending;
 mod mstx;
 mod pickle;
+#[cfg(feature = "cli")]
+mod pressure;
 mod props;
 #[cfg(feature = "cli")]
 mod replay;
