@@ -70,3 +70,47 @@ fn no_oom_where_pytorch_fits_and_no_more_host_syncs() {
         }
     }
 }
+
+/// The scenario of the pressure rung: on a 50 MiB device, a 30 MiB block of the default
+/// stream used by a side stream's queued work is freed; a second 30 MiB request cannot
+/// grow. Returns the device, the allocator, the side stream, the side stream's last
+/// queued operation, and the freed block's address.
+fn pressed(
+    mode: npualloc::device::sim::SimMode,
+    backed: bool,
+) -> (
+    std::sync::Arc<npualloc::device::sim::SimDevice>,
+    npualloc::CachingAllocator,
+    npualloc::StreamHandle,
+    u64,
+    usize,
+) {
+    const MIB: usize = 1 << 20;
+    let (sim, a) = crate::common::with(50 * MIB, mode, backed, "");
+    let side = sim.create_stream(0).unwrap();
+    let main = npualloc::StreamHandle::DEFAULT;
+    let p = a.malloc(30 * MIB, main).unwrap();
+    a.record_stream(p, side).unwrap();
+    sim.launch(0, side, |_| {}).unwrap();
+    let op = sim.position(0, side).unwrap().0;
+    a.free(p).unwrap();
+    (sim, a, side, op, p)
+}
+
+#[test]
+fn a_block_taken_under_pressure_is_ordered_after_the_streams_it_was_used_on() {
+    // Fails if the rung hands the block out without the device-side wait: the default
+    // stream would not be ordered after the side stream's queued work.
+    let (sim, a, side, op, p) = pressed(npualloc::device::sim::SimMode::Manual, false);
+    let main = npualloc::StreamHandle::DEFAULT;
+    assert!(!sim.ordered_after(0, main, side, op).unwrap());
+    let q = a.malloc(30 << 20, main).unwrap();
+    assert_eq!(q, p, "the pending free serves it");
+    assert!(
+        sim.position(0, side).unwrap().1 < op,
+        "the side stream has not run"
+    );
+    assert!(sim.ordered_after(0, main, side, op).unwrap());
+    let c = sim.counters(0);
+    assert_eq!((c.synchronizations, c.stream_waits, c.mallocs), (0, 1, 1));
+}
