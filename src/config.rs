@@ -6,9 +6,10 @@
 //! `[256:1,512:2,>:4]` keyed by MiB intervals), `garbage_collection_threshold`,
 //! `expandable_segments`, `large_segment_size_mb`, `small_segment_size_mb`,
 //! `page_size` (`1g`), and npualloc's own `reclaim_before_growth`, `adaptive_segments`,
-//! `hot_cache`, `lend_segments` and `lend_blocks` (all `False` gives PyTorch's policy
-//! exactly), and `request_padding` (bytes added to every request before rounding;
-//! [`TORCH_NPU_POLICY`] sets torch_npu's 32). `Config::parse_torch_npu` reads `PYTORCH_NPU_ALLOC_CONF` as torch_npu 2.14
+//! `hot_cache`, `lend_segments`, `lend_blocks` and `wait_before_growth` (all `False`
+//! gives PyTorch's policy exactly), `reserve_budget_mb` (a soft ceiling on reserved
+//! memory, off by default) and `request_padding` (bytes added to every request before
+//! rounding; [`TORCH_NPU_POLICY`] sets torch_npu's 32). `Config::parse_torch_npu` reads `PYTORCH_NPU_ALLOC_CONF` as torch_npu 2.14
 //! does: every key torch_npu accepts is accepted (equivalents honoured, the rest listed
 //! as ignored).
 
@@ -26,7 +27,7 @@ pub const MAX_ROUNDUP_DIVISIONS: usize = 1 << 27;
 /// policy exactly (replays of the shipped traces match PyTorch's figures).
 pub const PYTORCH_POLICY: &str =
     "reclaim_before_growth:False,adaptive_segments:False,hot_cache:False,lend_segments:False,\
-     lend_blocks:False";
+     lend_blocks:False,wait_before_growth:False";
 
 /// Bytes torch_npu 2.14 adds to every request before rounding on the SoCs and CANN
 /// versions users run today (`AddPadSize()`: 0 only from Ascend950 with CANN 9.1).
@@ -39,7 +40,7 @@ pub const TORCH_NPU_PADDING: usize = 32;
 /// detail, is what every setting does (`pool::free_list`).
 pub const TORCH_NPU_POLICY: &str =
     "reclaim_before_growth:False,adaptive_segments:False,hot_cache:False,lend_segments:False,\
-     lend_blocks:False,request_padding:32";
+     lend_blocks:False,wait_before_growth:False,request_padding:32";
 
 /// Most bytes `request_padding` accepts (a pad, not a second allocation).
 pub const MAX_REQUEST_PADDING: usize = 4096;
@@ -84,6 +85,15 @@ pub struct Config {
     /// (`request_padding:32`); the device's own padding (`Device::request_padding`) is
     /// not added to it: the larger of the two applies.
     pub request_padding: usize,
+    /// Under memory pressure (growth would pass the capacity, the memory fraction or
+    /// `reserve_budget`), make the allocating stream wait on the device for the event
+    /// of a pending free that fits instead of growing or synchronising the host
+    /// (npualloc's addition, `shard/pressure.rs`; `False` gives PyTorch's path).
+    pub wait_before_growth: bool,
+    /// A soft ceiling on reserved bytes (`reserve_budget_mb`): growth past it first tries
+    /// a device-side wait for a pending free (with `wait_before_growth`), then grows
+    /// anyway. `None` (the default): no budget.
+    pub reserve_budget: Option<usize>,
 }
 
 impl Default for Config {
@@ -102,6 +112,8 @@ impl Default for Config {
             lend_segments: true,
             lend_blocks: true,
             request_padding: 0,
+            wait_before_growth: true,
+            reserve_budget: None,
         }
     }
 }
@@ -221,6 +233,12 @@ impl Config {
                         ));
                     }
                     cfg.request_padding = n;
+                }
+                "wait_before_growth" => {
+                    cfg.wait_before_growth = parse_bool(key, value)?;
+                }
+                "reserve_budget_mb" => {
+                    cfg.reserve_budget = Some(parse_mb(key, value, 1)?);
                 }
                 "expandable_segments" => {
                     cfg.expandable_segments = parse_bool(key, value)?;
@@ -507,6 +525,7 @@ mod tests {
         let c = Config::parse(PYTORCH_POLICY).unwrap();
         assert!(!c.reclaim_before_growth && !c.adaptive_segments);
         assert!(!c.hot_cache && !c.lend_segments && !c.lend_blocks);
+        assert!(!c.wait_before_growth && c.reserve_budget.is_none());
         let d = Config::default();
         assert!(d.reclaim_before_growth && d.adaptive_segments && d.hot_cache && d.lend_segments);
         assert!(d.lend_blocks);
@@ -518,6 +537,7 @@ mod tests {
                 hot_cache: true,
                 lend_segments: true,
                 lend_blocks: true,
+                wait_before_growth: true,
                 ..c
             },
             d

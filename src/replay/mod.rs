@@ -91,6 +91,9 @@ pub struct ReplayReport {
     /// Device-side waits (cross-stream lending) that held a stream back: the stream
     /// waited for had not got there yet, so work was serialised behind it.
     pub stalled_waits: u64,
+    /// Device-side waits queued (`stream_wait_event`): lending's and those the
+    /// pressure rung inserted instead of growing (`shard/pressure.rs`).
+    pub device_waits: u64,
     /// Allocations that needed the cache released and a retry.
     pub retries: u64,
     /// Allocations that failed with out of memory.
@@ -436,6 +439,7 @@ pub fn replay(
         page_unmaps: counters.unmaps,
         host_syncs: counters.synchronizations,
         stalled_waits: counters.stalled_waits,
+        device_waits: counters.stream_waits,
         retries: stats.num_alloc_retries as u64,
         ooms: stats.num_ooms as u64,
         first_oom,

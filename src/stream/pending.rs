@@ -85,6 +85,26 @@ impl<T: Copy> EventQueues<T> {
             .collect()
     }
 
+    /// Removes every pair whose item is `item` (wherever it is queued); returns them.
+    pub fn remove_item(&mut self, item: T) -> Vec<(StreamHandle, EventHandle)>
+    where
+        T: PartialEq,
+    {
+        let mut out = Vec::new();
+        for (&s, q) in self.queues.iter_mut() {
+            q.retain(|&(ev, it)| {
+                let hit = it == item;
+                if hit {
+                    out.push((s, ev));
+                }
+                !hit
+            });
+        }
+        self.len -= out.len();
+        self.queues.retain(|_, q| !q.is_empty());
+        out
+    }
+
     /// Every queued pair, for inspection.
     pub fn iter(&self) -> impl Iterator<Item = (StreamHandle, EventHandle, T)> + '_ {
         self.queues

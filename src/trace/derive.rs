@@ -6,6 +6,8 @@
 //!   (`r id 1` right after it) and completes (`s 1`) after a lag of 16–256 allocations
 //!   (drawn per completion from a fixed-seed generator), like gradients handed to a
 //!   collective that runs behind the compute stream.
+//! - `comm<N>` (`comm16`, `comm64`, `comm256`, any N ≥ 1): the same with a fixed lag of
+//!   N allocations, so the communication lag is a parameter of the measurement.
 //! - `branch`: alternate groups of 48 allocations run on a side-branch stream (1); at
 //!   the end of each side group, its tensors still alive are used by the main stream
 //!   (`r id 0`), and each stream completes (`s 0`, `s 1`) at every group boundary.
@@ -19,8 +21,25 @@ use std::collections::HashMap;
 
 use super::{Op, Trace};
 
-/// The derived cases.
+/// The derived cases (besides `comm<N>`, see [`LAG_CASES`]).
 pub const CASES: [&str; 3] = ["comm", "branch", "rr4"];
+
+/// The communication cases with a fixed lag that issue #16 measures (`comm<N>` takes any
+/// lag N ≥ 1).
+pub const LAG_CASES: [&str; 3] = ["comm16", "comm64", "comm256"];
+
+/// The lag of a communication case: `comm` → `Some(None)` (drawn, 16–256), `comm<N>` →
+/// `Some(Some(N))`; anything else `None`.
+fn comm_lag(case: &str) -> Option<Option<usize>> {
+    let rest = case.strip_prefix("comm")?;
+    if rest.is_empty() {
+        return Some(None);
+    }
+    match rest.parse::<usize>() {
+        Ok(n) if n >= 1 && !rest.starts_with('+') => Some(Some(n)),
+        _ => None,
+    }
+}
 
 const GROUP: usize = 48;
 
@@ -42,7 +61,8 @@ pub fn derive(trace: &Trace, case: &str) -> Option<Trace> {
     let mut live: HashMap<u64, u32> = HashMap::new(); // id -> stream
     let mut allocs = 0usize;
     match case {
-        "comm" => {
+        _ if comm_lag(case).is_some() => {
+            let fixed = comm_lag(case).flatten();
             let mut rng = Lcg(0x5EED);
             let mut large = 0usize;
             let mut pending = false;
@@ -57,7 +77,8 @@ pub fn derive(trace: &Trace, case: &str) -> Option<Trace> {
                             out.push(Op::Record { id, stream: 1 });
                             if !pending {
                                 pending = true;
-                                due = allocs + 16 + (rng.next() % 241) as usize;
+                                due = allocs
+                                    + fixed.unwrap_or_else(|| 16 + (rng.next() % 241) as usize);
                             }
                         }
                     }
@@ -139,7 +160,7 @@ mod tests {
     #[test]
     fn derived_cases_are_valid_traces_with_the_promised_shape() {
         let b = base();
-        for case in CASES {
+        for case in CASES.into_iter().chain(LAG_CASES) {
             let d = derive(&b, case).unwrap();
             // Re-parsing validates ids, frees and records.
             let mut text = Vec::new();
@@ -164,7 +185,8 @@ mod tests {
                 })
                 .collect();
             let want: Vec<u32> = match case {
-                "comm" | "branch" => vec![0, 1],
+                "branch" => vec![0, 1],
+                c if c.starts_with("comm") => vec![0, 1],
                 _ => vec![0, 1, 2, 3],
             };
             assert_eq!(streams.into_iter().collect::<Vec<_>>(), want, "{case}");
@@ -174,5 +196,40 @@ mod tests {
             );
         }
         assert!(derive(&b, "nope").is_none());
+        assert!(derive(&b, "comm0").is_none());
+        assert!(derive(&b, "comm+4").is_none());
+    }
+
+    #[test]
+    fn the_comm_lag_is_a_parameter_and_comm_keeps_its_drawn_lags() {
+        let b = base();
+        // The stream completes exactly `lag` allocations after its first pending use.
+        let gaps = |d: &Trace| {
+            let (mut allocs, mut first, mut out) = (0usize, None, Vec::new());
+            for op in &d.ops {
+                match op {
+                    Op::Alloc { .. } => allocs += 1,
+                    Op::Record { .. } if first.is_none() => first = Some(allocs),
+                    Op::Sync { stream: 1 } => out.push(allocs - first.take().unwrap()),
+                    _ => {}
+                }
+            }
+            out
+        };
+        for lag in [16, 64] {
+            let d = derive(&b, &format!("comm{lag}")).unwrap();
+            let g = gaps(&d);
+            assert!(!g.is_empty());
+            assert!(g.iter().all(|&x| x == lag), "comm{lag}: {g:?}");
+            assert_eq!(d.name, format!("base+comm{lag}"));
+        }
+        let mut text = String::new();
+        for i in 0..3000u64 {
+            text += &format!("a {i} {} 0\nf {i}\n", 2 << 20);
+        }
+        let long = parse(&text, "long").unwrap();
+        let drawn = gaps(&derive(&long, "comm").unwrap());
+        assert!(drawn.iter().all(|&x| (16..=256).contains(&x)), "{drawn:?}");
+        assert!(drawn.windows(2).any(|w| w[0] != w[1]), "{drawn:?}");
     }
 }

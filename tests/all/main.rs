@@ -18,6 +18,8 @@ mod lending;
 mod mstx;
 mod pickle;
 mod policy;
+#[cfg(feature = "cli")]
+mod pressure;
 mod props;
 #[cfg(feature = "cli")]
 mod replay;

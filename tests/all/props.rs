@@ -217,6 +217,16 @@ proptest! {
     ) {
         run(ops, "expandable_segments:True,large_segment_size_mb:4")?;
     }
+
+    /// Under a small reserve budget the pressure rung (a device-side wait for a pending
+    /// free, `shard/pressure.rs`) runs at nearly every growth: every block it hands out
+    /// must be ordered after the streams it was used on.
+    #[test]
+    fn random_sequences_keep_invariants_under_a_reserve_budget(
+        ops in proptest::collection::vec(op(), 1..120)
+    ) {
+        run(ops, "reserve_budget_mb:8")?;
+    }
 }
 
 /// A 10,000-operation random workload: the cache serves nearly every request.

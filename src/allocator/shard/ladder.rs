@@ -9,7 +9,10 @@
 //!    expandable segments only the block;
 //! 4. **grow**: idle empty segments back first if reserved memory would pass its
 //!    high-water mark, then a device malloc (with expandable segments: map pages);
-//! 5. **release and grow**: oversize cached blocks back (`max_split_size_mb`), grow again;
+//!    past the reserve budget, the device-side wait of rung 5 first;
+//! 5. **release and grow**: oversize cached blocks back (`max_split_size_mb`), grow
+//!    again; then **wait on the device** for a pending free that fits (`pressure.rs`;
+//!    only when growth failed or would pass the reserve budget);
 //! 6. **release everything and grow** (`others_released`: the caller has released the
 //!    other shards' caches without this shard's lock): wait for every pending free,
 //!    release every cached segment, grow; else out of memory.
@@ -129,10 +132,18 @@ impl ShardState {
         if let Some(ptr) = self.borrow_block(req, peers) {
             return Ok(Some(Grant::Lent(ptr)));
         }
+        if self.over_budget(seg_size) {
+            if let Some(id) = self.wait_for_pending_free(req) {
+                return Ok(Some(Grant::Own(id)));
+            }
+        }
         if let Some(id) = self.grow(req, seg_size, peers)? {
             return Ok(Some(Grant::Own(id)));
         }
         if let Some(id) = self.release_oversize_and_grow(req, seg_size)? {
+            return Ok(Some(Grant::Own(id)));
+        }
+        if let Some(id) = self.wait_for_pending_free(req) {
             return Ok(Some(Grant::Own(id)));
         }
         // Only releasing every cache (the other streams' too) can help now; not

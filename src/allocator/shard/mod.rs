@@ -8,6 +8,7 @@
 //! | `events.rs` | frees, `record_stream`, cross-stream events, parked frees |
 //! | `ordering.rs` | device-side waits between streams, fences, dirty marks (shared by lending and release) |
 //! | `lending.rs` | lending segments and blocks to other streams' shards |
+//! | `pressure.rs` | memory pressure: a device-side wait for a pending free instead of growth |
 //! | `release.rs` | giving segments back: cache release, reclaim before growth, GC |
 //! | `capture.rs` | graph-private pools and capture |
 //! | `expandable.rs` | expandable segments: mapping and unmapping pages |
@@ -30,6 +31,7 @@ mod inspect;
 mod ladder;
 mod lending;
 mod ordering;
+mod pressure;
 mod release;
 
 pub use capture::PrivatePool;
@@ -108,6 +110,8 @@ pub(super) struct Accounting {
     pub reserved: usize,
     /// Highest `reserved` of this shard (sizes its adaptive segments).
     pub reserved_hwm: usize,
+    /// Pending frees taken under memory pressure by a device-side wait (`pressure.rs`).
+    pub device_waits: u64,
 }
 
 /// Frees waiting before their blocks can be reused.

@@ -86,7 +86,8 @@ enum Command {
     Derive {
         /// The single-stream trace.
         trace: PathBuf,
-        /// comm (a lagging communication stream), branch (a side branch), rr4 (4 streams).
+        /// comm (a communication stream 16–256 allocations late), comm<N> (exactly N late:
+        /// comm16, comm64, comm256), branch (a side branch), rr4 (4 streams).
         #[arg(long)]
         case: String,
         /// Output trace file.
@@ -230,6 +231,7 @@ fn min_rows(m: &MinCapacity) -> Vec<String> {
             at_min.device_mallocs.to_string(),
             at_min.host_syncs.to_string(),
             at_min.stalled_waits.to_string(),
+            at_min.device_waits.to_string(),
             at_min.retries.to_string(),
         ],
         MinCapacity::NoFit { limit, ooms } => {
@@ -237,18 +239,19 @@ fn min_rows(m: &MinCapacity) -> Vec<String> {
                 "none: {ooms} OOMs at {}",
                 format_size(*limit as usize)
             )];
-            v.resize(6, "-".into());
+            v.resize(MIN_ROWS.len(), "-".into());
             v
         }
     }
 }
 
-const MIN_ROWS: [&str; 6] = [
+const MIN_ROWS: [&str; 7] = [
     "min capacity",
     "min cap / requested",
     "  device mallocs",
     "  host syncs",
     "  stalled waits",
+    "  device waits",
     "  retries",
 ];
 
@@ -268,6 +271,7 @@ fn table(reports: &[ReplayReport], labels: &[String], mins: &[MinCapacity]) -> S
         ("page unmaps", |r| r.page_unmaps.to_string()),
         ("host syncs", |r| r.host_syncs.to_string()),
         ("stalled waits", |r| r.stalled_waits.to_string()),
+        ("device waits", |r| r.device_waits.to_string()),
         ("retries", |r| r.retries.to_string()),
         ("OOMs", |r| r.ooms.to_string()),
         ("replay speed", |r| {
@@ -315,6 +319,7 @@ fn min_json(m: &MinCapacity) -> Value {
             "bytes": capacity, "over_requested": m.ratio(),
             "device_mallocs": at_min.device_mallocs, "device_frees": at_min.device_frees,
             "host_syncs": at_min.host_syncs, "stalled_waits": at_min.stalled_waits,
+            "device_waits": at_min.device_waits,
             "retries": at_min.retries, "peak_reserved": at_min.peak_reserved,
             "replays": replays,
         }),
@@ -332,7 +337,7 @@ fn report_json(r: &ReplayReport, min: Option<&MinCapacity>) -> Value {
         "pending_floor": r.pending_floor, "floor_over_requested": r.floor_ratio(),
         "device_mallocs": r.device_mallocs, "device_frees": r.device_frees,
         "page_maps": r.page_maps, "page_unmaps": r.page_unmaps, "host_syncs": r.host_syncs,
-        "stalled_waits": r.stalled_waits,
+        "stalled_waits": r.stalled_waits, "device_waits": r.device_waits,
         "retries": r.retries, "ooms": r.ooms, "seconds": r.seconds,
         "events_per_sec": r.events_per_sec(),
         "empty_segment_bytes_at_peak": svg::empty_segment_bytes(&r.peak_segments),
@@ -603,7 +608,7 @@ fn main() -> ExitCode {
         } => load(&trace, None).and_then(|t| {
             let d = trace::derive::derive(&t.trace, &case).ok_or_else(|| {
                 format!(
-                    "unknown case '{case}': expected one of {}",
+                    "unknown case '{case}': expected one of {} or comm<N>",
                     trace::derive::CASES.join(", ")
                 )
             })?;

@@ -97,6 +97,8 @@ pub struct SimCounters {
     pub events_destroyed: u64,
     /// Event records queued.
     pub event_records: u64,
+    /// Device-side waits queued (`stream_wait_event` calls that found a recorded event).
+    pub stream_waits: u64,
     /// Successful virtual-memory page mappings.
     pub maps: u64,
     /// Successful unmappings.
@@ -174,6 +176,7 @@ struct DevState {
     events_created: AtomicU64,
     events_destroyed: AtomicU64,
     event_records: AtomicU64,
+    stream_waits: AtomicU64,
     syncs: AtomicU64,
 }
 
@@ -252,6 +255,7 @@ impl SimDevice {
                 events_created: AtomicU64::new(0),
                 events_destroyed: AtomicU64::new(0),
                 event_records: AtomicU64::new(0),
+                stream_waits: AtomicU64::new(0),
                 syncs: AtomicU64::new(0),
             })
             .collect();
@@ -504,6 +508,7 @@ impl SimDevice {
             events_created: d.events_created.load(Ordering::Relaxed),
             events_destroyed: d.events_destroyed.load(Ordering::Relaxed),
             event_records: d.event_records.load(Ordering::Relaxed),
+            stream_waits: d.stream_waits.load(Ordering::Relaxed),
             synchronizations: d.syncs.load(Ordering::Relaxed),
             stalled_waits: d.streams.read().values().map(|s| s.stalls()).sum(),
             violations: d.memory.violations(),
@@ -656,6 +661,9 @@ impl Device for SimDevice {
         let s = self.stream(device, stream)?;
         if let Some(mark) = ev.latest() {
             s.push_wait(mark);
+            self.dev(device)?
+                .stream_waits
+                .fetch_add(1, Ordering::Relaxed);
         }
         Ok(())
     }
