@@ -21,7 +21,7 @@ MIB = 1 << 20
 def torch_format_size(sz, pref_sz):
     """torch_npu 2.14's _format_size (torch_npu/npu/memory.py), the reference the table
     follows: the unit is chosen by the row's first column."""
-    prefixes = ["B  ", "KiB", "MiB", "GiB", "TiB", "PiB"]
+    prefixes = ["B ", "KB", "MB", "GB", "TB", "PB"]
     prefix = prefixes[0]
     for new_prefix in prefixes[1:]:
         if pref_sz < 768 * 1024:
@@ -29,7 +29,7 @@ def torch_format_size(sz, pref_sz):
         prefix = new_prefix
         sz //= 1024
         pref_sz /= 1024
-    return "%6d %s" % (sz, prefix)
+    return "%7d %s" % (sz, prefix)
 
 
 def table_row(text, name):
@@ -122,7 +122,7 @@ class MemorySummary(unittest.TestCase):
         self.ptrs.remove(p)
         npualloc.empty_cache()
         frag = npualloc.memory_summary().splitlines()[-1]
-        self.assertTrue(frag.startswith("reserved 0 B in 0 segments"), frag)
+        self.assertTrue(frag.startswith("reserved 0 bytes in 0 segments"), frag)
 
     def test_invalid_device_raises_with_the_library_message(self):
         with self.assertRaises(npualloc.NpuallocError) as e:
