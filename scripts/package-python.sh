@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Builds libnpualloc in release mode and copies it and the header into the Python
-# package, so `pip install ./python` ships a working library.
+# Builds a wheel of the Python package with libnpualloc (release profile) inside, for
+# installing on a machine without a Rust toolchain (an NPU host): `pip install` the
+# .whl it prints. Where cargo is, `pip install ./python` alone does the same in one step.
+# Usage: bash scripts/package-python.sh [out-dir (default: dist)]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release -p npualloc-ffi
-mkdir -p python/npualloc/lib python/npualloc/include
-cp target/release/libnpualloc.so python/npualloc/lib/
-cp include/npualloc.h python/npualloc/include/
-echo "now: pip install ./python"
+out="${1:-dist}"
+python3 -m pip wheel --no-deps --disable-pip-version-check -w "$out" ./python
+ls -1 "$out"/npualloc-*.whl

@@ -4,6 +4,12 @@ Use with torch_npu (before the first NPU allocation)::
 
     import npualloc
     npualloc.install()
+    ...
+    print(npualloc.memory_summary())   # torch.npu.memory_summary()'s table, plus fragmentation
+
+The device backend is ACL (a CANN runtime: libascendcl.so on the loader path or under
+ASCEND_HOME_PATH) unless asked otherwise; without an NPU, ask for the simulated device
+with NPUALLOC_BACKEND=sim or ``npualloc.use_backend("sim")`` before the first call.
 
 Verified with the real torch_npu 2.14.0 / torch 2.14.0 wheels on stand-in CANN
 libraries (tests/torch_npu); not on an NPU (none was available).
@@ -14,8 +20,11 @@ import os
 
 from ._lib import STAT_ARRAYS, DeviceStats, address, library_path, load
 
-__all__ = ["install", "install_cuda", "memory_stats", "empty_cache", "dump_snapshot",
-           "last_error", "library_path", "load", "NpuallocError"]
+__all__ = ["install", "install_cuda", "memory_stats", "memory_summary", "empty_cache",
+           "dump_snapshot", "use_backend", "last_error", "library_path", "load",
+           "NpuallocError"]
+
+BACKENDS = ("acl", "sim", "cuda")
 
 _SWAP_TOO_LATE = "Can't swap an already initialized allocator"
 
@@ -33,6 +42,36 @@ def last_error(lib=None):
 def _check(rc, lib):
     if rc != 0:
         raise NpuallocError("npualloc error %d: %s" % (rc, last_error(lib)))
+
+
+def use_backend(name):
+    """Chooses the device backend of this process: "acl" (the default: a CANN runtime),
+    "sim" (the simulated device, for machines without an NPU) or "cuda". Sets
+    NPUALLOC_BACKEND, which the library reads once, at its first device call: call this
+    before anything else of npualloc's touches a device."""
+    if name not in BACKENDS:
+        raise ValueError("backend %r is not one of %s" % (name, ", ".join(BACKENDS)))
+    os.environ["NPUALLOC_BACKEND"] = name
+
+
+def _backend():
+    return os.environ.get("NPUALLOC_BACKEND") or "acl"
+
+
+def _start(lib):
+    """Starts the library (backend, settings) if it has not yet; a failure is one
+    NpuallocError saying what to do, e.g. that no CANN runtime was found."""
+    if lib.npualloc_device_count() >= 0:
+        return
+    msg = last_error(lib)
+    if _backend() == "acl" and msg and "cannot load the runtime library" in msg:
+        raise NpuallocError(
+            "npualloc found no CANN runtime (libascendcl.so), so it cannot use an NPU: %s. "
+            "Set up CANN first (source its set_env.sh, which sets ASCEND_HOME_PATH and the "
+            "loader path) or point NPUALLOC_ACL_LIB at libascendcl.so. To run without an "
+            "NPU, ask for the simulated device: NPUALLOC_BACKEND=sim, or "
+            "npualloc.use_backend(\"sim\") before the first call." % msg)
+    raise NpuallocError("npualloc cannot start (backend %s): %s" % (_backend(), msg))
 
 
 def _swap(change_current_allocator, allocator):
@@ -144,8 +183,7 @@ def install(backend="acl", conf=None):
     _check(shim.install_runtime_hooks(), lib)
     # Starts npualloc now: a bad setting or a missing runtime is one error here, rather
     # than a failed allocation later.
-    if lib.npualloc_device_count() < 0:
-        raise NpuallocError("npualloc cannot start: %s" % last_error(lib))
+    _start(lib)
     _swap(npu_memory.change_current_allocator, pluggable)
     return pluggable
 
@@ -169,6 +207,7 @@ def memory_stats(device=0, lib=None):
     """Statistics of `device` with PyTorch's flat key names
     (`allocated_bytes.all.current`, ..., `num_alloc_retries`)."""
     lib = lib or load()
+    _start(lib)
     s = DeviceStats()
     _check(lib.npualloc_get_device_stats(device, ctypes.byref(s)), lib)
     out = {}
@@ -185,6 +224,19 @@ def memory_stats(device=0, lib=None):
                  "num_device_alloc", "num_device_free", "max_split_size"):
         out[name] = getattr(s, name)
     return out
+
+
+def memory_summary(device=0, abbreviated=False, lib=None):
+    """The memory summary of `device` as text: the table of torch_npu's
+    `torch.npu.memory_summary()` (same layout, character for character; only the "all"
+    rows when `abbreviated`), then one line on where reserved memory goes (reserved vs
+    allocated, cached free inside partly used segments, whole empty segments)."""
+    lib = lib or load()
+    _start(lib)
+    text = lib.npualloc_memory_summary(device, bool(abbreviated))
+    if text is None:
+        raise NpuallocError("npualloc_memory_summary(%d): %s" % (device, last_error(lib)))
+    return text.decode("utf-8", "replace")
 
 
 def empty_cache(lib=None):

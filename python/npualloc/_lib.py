@@ -44,22 +44,31 @@ class SimCounters(ctypes.Structure):
         "events_destroyed", "event_records", "violations")]
 
 
+def _bundled():
+    """The library built into the package by `pip install` (setuptools-rust names it
+    libnpualloc.<python extension suffix>), or the copy scripts/package-python.sh puts in
+    lib/."""
+    built = sorted(_HERE.glob("libnpualloc*.so"))
+    return built + [_HERE / "lib" / "libnpualloc.so"]
+
+
 def library_path():
-    """Path of libnpualloc.so: $NPUALLOC_LIB, the copy shipped in the package, or the
-    repository's target/release (then target/debug) build."""
+    """Path of libnpualloc.so: $NPUALLOC_LIB, the library inside the installed package,
+    or the repository's target/release (then target/debug) build."""
     env = os.environ.get("NPUALLOC_LIB")
     if env:
         return env
-    candidates = [_HERE / "lib" / "libnpualloc.so"]
-    for root in (_HERE.parent.parent,):
-        candidates += [root / "target" / "release" / "libnpualloc.so",
-                       root / "target" / "debug" / "libnpualloc.so"]
+    candidates = _bundled()
+    root = _HERE.parent.parent
+    candidates += [root / "target" / "release" / "libnpualloc.so",
+                   root / "target" / "debug" / "libnpualloc.so"]
     for c in candidates:
         if c.is_file():
             return str(c)
     raise FileNotFoundError(
-        "libnpualloc.so not found: build it with `cargo build --release` at the repository "
-        "root or set NPUALLOC_LIB to its path (looked in: %s)" % ", ".join(map(str, candidates)))
+        "libnpualloc.so not found: install the package with `pip install ./python` from a "
+        "checkout of the repository (it builds the library; needs cargo), or set "
+        "NPUALLOC_LIB to its path (looked in: %s)" % ", ".join(map(str, candidates)))
 
 
 _SIGNATURES = {
@@ -75,6 +84,7 @@ _SIGNATURES = {
     "npualloc_reset_peak_stats": (None, [ctypes.c_int]),
     "npualloc_get_device_stats": (ctypes.c_int, [ctypes.c_int, ctypes.POINTER(DeviceStats)]),
     "npualloc_last_error": (ctypes.c_char_p, []),
+    "npualloc_memory_summary": (ctypes.c_char_p, [ctypes.c_int, ctypes.c_bool]),
     "npualloc_configure": (ctypes.c_int, [ctypes.c_char_p]),
     "npualloc_empty_cache_device": (ctypes.c_int, [ctypes.c_int]),
     "npualloc_dump_snapshot": (ctypes.c_int, [ctypes.c_char_p]),
