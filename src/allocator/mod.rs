@@ -161,11 +161,20 @@ impl CachingAllocator {
         &self.device
     }
 
-    /// The shard of `stream`, created (after checking the stream) on first use.
+    /// The shard of `stream`, created (after checking the stream) on first use. The
+    /// lookup is inlined into the fast path; creation is out of line.
+    #[inline]
     fn shard(&self, stream: StreamHandle) -> Result<(u32, &Shard), Error> {
-        if let Some(found) = self.shards.get(stream) {
-            return Ok(found);
+        match self.shards.get(stream) {
+            Some(found) => Ok(found),
+            None => self.new_shard(stream),
         }
+    }
+
+    /// Creates the shard of `stream` (or finds one another thread just created).
+    #[cold]
+    #[inline(never)]
+    fn new_shard(&self, stream: StreamHandle) -> Result<(u32, &Shard), Error> {
         self.device.check_stream(self.index, stream)?;
         self.shards
             .get_or_insert(stream, || ShardState::new(stream, self.shared.clone()))
@@ -396,12 +405,29 @@ impl CachingAllocator {
             self.set_pending(shard, st.pending_count());
             true
         };
-        let hinted = stream.and_then(|s| self.shards.get(s)).map(|(si, _)| si);
+        let hinted = stream.and_then(|s| self.shards.get(s));
+        if let Some((_, shard)) = hinted {
+            if try_free(shard) {
+                return Ok(()); // the common case: torch names the allocation's stream
+            }
+        }
+        self.free_searching(ptr, hinted.map(|(si, _)| si), try_free)
+    }
+
+    /// `free_on` after the hinted shard (if any) missed: this thread's last shard, then
+    /// every other shard (also the whole of a free without a hint).
+    #[inline(never)]
+    fn free_searching(
+        &self,
+        ptr: DevicePtr,
+        hinted: Option<u32>,
+        try_free: impl Fn(&Shard) -> bool,
+    ) -> Result<(), Error> {
         let (owner, last) = LAST_SHARD.with(|c| c.get());
         let last = (owner == self.id)
             .then_some(last)
             .filter(|&l| Some(l) != hinted);
-        for si in [hinted, last].into_iter().flatten() {
+        if let Some(si) = last {
             if try_free(self.shards.by_index(si)) {
                 return Ok(());
             }
