@@ -160,6 +160,11 @@ void route_if_captured(int device, aclrtStream stream) {
     if (c.device != device) continue;
     for (auto s : c.routed)
       if (s == stream) return;
+    // The filter asks the runtime whether the stream joined this capture; a join
+    // (a wait on an event of the capture) still in torch_npu's task queue would be
+    // missed, so the allocating stream's queue is drained first.
+    auto cur = c10_npu::getCurrentNPUStream(static_cast<c10::DeviceIndex>(device));
+    if (cur.stream(false) == stream) (void)cur.stream();
     if (!c.filter || !c.filter(stream)) continue;
     int rc = npualloc_begin_allocate_to_pool(device, c.pool.first, c.pool.second, stream);
     TORCH_CHECK(rc == NPUALLOC_OK, "npualloc could not route a captured stream to the graph's pool: ",
