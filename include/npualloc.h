@@ -325,6 +325,9 @@ void npualloc_record_stream(void *ptr, npualloc_stream stream);
 
 /**
  * Forgets a use of `ptr` on `stream` recorded earlier (torch_npu's `erase_stream`).
+ * A stream never recorded for `ptr`, known to the device or not (e.g. 0xdead), is
+ * accepted and changes nothing: there is nothing to forget, and no device call is
+ * made (ACL cannot tell a bogus stream handle from a real one anyway).
  */
 void npualloc_erase_stream(void *ptr, npualloc_stream stream);
 
@@ -463,6 +466,10 @@ const char *npualloc_memory_summary(int device, bool abbreviated);
 /**
  * Binds `tag` to `stream`. Binding a tag again to another stream, or "default" to a
  * non-NULL stream, fails with NPUALLOC_ERR_INVALID_STATE; to the same stream is a no-op.
+ * The stream is not checked here, on either backend: a binding is only a name, and ACL
+ * cannot validate stream handles. An unknown stream is refused where the tag is first
+ * used with the device (`npualloc_record_tagged_stream` on the simulated device; on ACL
+ * the event record at free fails and the error is reported there).
  */
 int npualloc_tag_stream(const char *tag, npualloc_stream stream);
 

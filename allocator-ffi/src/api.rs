@@ -216,6 +216,9 @@ pub(crate) fn record(ptr: *mut c_void, s: StreamHandle) -> Result<(), Failure> {
 }
 
 /// Forgets a use of `ptr` on `stream` recorded earlier (torch_npu's `erase_stream`).
+/// A stream never recorded for `ptr`, known to the device or not (e.g. 0xdead), is
+/// accepted and changes nothing: there is nothing to forget, and no device call is
+/// made (ACL cannot tell a bogus stream handle from a real one anyway).
 #[no_mangle]
 pub extern "C" fn npualloc_erase_stream(ptr: *mut c_void, stream: npualloc_stream) {
     or_default("npualloc_erase_stream", (), || {

@@ -11,6 +11,10 @@ use crate::types::npualloc_stream;
 
 /// Binds `tag` to `stream`. Binding a tag again to another stream, or "default" to a
 /// non-NULL stream, fails with NPUALLOC_ERR_INVALID_STATE; to the same stream is a no-op.
+/// The stream is not checked here, on either backend: a binding is only a name, and ACL
+/// cannot validate stream handles. An unknown stream is refused where the tag is first
+/// used with the device (`npualloc_record_tagged_stream` on the simulated device; on ACL
+/// the event record at free fails and the error is reported there).
 #[no_mangle]
 pub extern "C" fn npualloc_tag_stream(tag: *const c_char, stream: npualloc_stream) -> c_int {
     code("npualloc_tag_stream", || {

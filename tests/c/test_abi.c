@@ -177,6 +177,22 @@ static void test_tags(void) {
   CHECK(q != p);
   ctl_complete(0, s1);
   npualloc_free(q, 0, 0, NULL);
+  /* An unknown stream (0xdead) is accepted by tag_stream and erase_stream on both
+     backends: a binding is only a name, and erasing a use never recorded forgets
+     nothing, with no device call. The handle is refused where it reaches the device:
+     the sim refuses it at record_tagged_stream; ACL cannot check a handle, so there
+     the error would come from the event record at free (not exercised here). */
+  npualloc_stream bogus = (npualloc_stream)0xdead;
+  CHECK(npualloc_tag_stream("bogus", bogus) == NPUALLOC_OK);
+  void *b = npualloc_malloc(4096, 0, NULL);
+  ctl_counters c0, c1;
+  ctl_get_counters(0, &c0);
+  npualloc_erase_stream(b, bogus);
+  if (!ctl_is_acl()) CHECK(npualloc_record_tagged_stream(b, "bogus") != NPUALLOC_OK);
+  npualloc_free(b, 0, 0, NULL);
+  ctl_get_counters(0, &c1);
+  CHECK(c1.event_records == c0.event_records);
+  CHECK(invariants_ok(0));
   CHECK(npualloc_tagged_event_record("ev", NULL) == NPUALLOC_ERR_UNKNOWN_TAG);
   CHECK(npualloc_tagged_event_create("ev") == NPUALLOC_OK);
   CHECK(npualloc_tagged_event_create("ev") == NPUALLOC_ERR_INVALID_STATE);
