@@ -63,9 +63,11 @@ pub struct Trace {
     pub ops: Vec<Op>,
 }
 
-/// A malformed trace: file, line and what was expected.
+/// A malformed trace: file, line and what was expected. Displays as `file:line: message`,
+/// or `file: message` when the error is about the whole file (a snapshot pickle has no
+/// lines).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{file}:{line}: {message}")]
+#[error("{file}{}: {message}", line_part(*.line))]
 pub struct TraceError {
     /// File name.
     pub file: String,
@@ -73,6 +75,14 @@ pub struct TraceError {
     pub line: usize,
     /// What is wrong.
     pub message: String,
+}
+
+fn line_part(line: usize) -> String {
+    if line == 0 {
+        String::new()
+    } else {
+        format!(":{line}")
+    }
 }
 
 /// Header line written at the top of every trace.
