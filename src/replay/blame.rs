@@ -123,14 +123,7 @@ fn at_peak(trace: &Trace, r: &ReplayReport) -> AtPeak {
 /// Blames the memory reserved at `r`'s peak (a replay of `trace` made with `detail`) on
 /// the call sites of `stacks`.
 pub fn blame(trace: &Trace, stacks: &Stacks, r: &ReplayReport) -> Blame {
-    let streams: HashMap<u64, u32> = trace
-        .ops
-        .iter()
-        .filter_map(|op| match *op {
-            Op::Alloc { id, stream, .. } => Some((id, stream)),
-            _ => None,
-        })
-        .collect();
+    let streams: HashMap<u64, u32> = trace.allocations().map(|(id, _, s)| (id, s)).collect();
     let peak = at_peak(trace, r);
     let mut b = Blame {
         peak_event: r.peak_event,
@@ -347,14 +340,7 @@ impl Blame {
 /// Hover text of each block at the peak that belongs to an allocation: its id, stream
 /// and stack (innermost first, at most 8 frames).
 pub fn block_notes(trace: &Trace, stacks: &Stacks, r: &ReplayReport) -> HashMap<usize, String> {
-    let streams: HashMap<u64, u32> = trace
-        .ops
-        .iter()
-        .filter_map(|op| match *op {
-            Op::Alloc { id, stream, .. } => Some((id, stream)),
-            _ => None,
-        })
-        .collect();
+    let streams: HashMap<u64, u32> = trace.allocations().map(|(id, _, s)| (id, s)).collect();
     let peak = at_peak(trace, r);
     let mut out = HashMap::new();
     for b in r.peak_segments.iter().flat_map(|s| &s.blocks) {
@@ -398,14 +384,7 @@ pub fn repeat_stacks(trace: &Trace, stacks: &Stacks, n: usize) -> Stacks {
     if n <= 1 || stacks.is_empty() {
         return stacks.clone();
     }
-    let allocs: Vec<u64> = trace
-        .ops
-        .iter()
-        .filter_map(|op| match *op {
-            Op::Alloc { id, .. } => Some(id),
-            _ => None,
-        })
-        .collect();
+    let allocs: Vec<u64> = trace.allocations().map(|(id, _, _)| id).collect();
     let span = allocs.len().max(1) as u64;
     let mut out = Stacks::new();
     for (j, id) in (0u64..).zip(&allocs) {

@@ -225,6 +225,14 @@ impl fmt::Display for Op {
 }
 
 impl Trace {
+    /// Every allocation event in order: (id, bytes, stream).
+    pub fn allocations(&self) -> impl Iterator<Item = (u64, u64, u32)> + '_ {
+        self.ops.iter().filter_map(|op| match *op {
+            Op::Alloc { id, size, stream } => Some((id, size, stream)),
+            _ => None,
+        })
+    }
+
     /// Writes the trace in the text format.
     pub fn write_to(&self, out: &mut impl Write) -> std::io::Result<()> {
         writeln!(
@@ -266,15 +274,7 @@ impl Trace {
         if n <= 1 {
             return self.clone();
         }
-        let dense: HashMap<u64, u64> = self
-            .ops
-            .iter()
-            .filter_map(|op| match *op {
-                Op::Alloc { id, .. } => Some(id),
-                _ => None,
-            })
-            .zip(0..)
-            .collect();
+        let dense: HashMap<u64, u64> = self.allocations().map(|(id, _, _)| id).zip(0..).collect();
         let span = dense.len().max(1) as u64;
         let mut ops = Vec::with_capacity(self.ops.len().checked_mul(n).unwrap_or(0));
         for k in 0..n as u64 {
@@ -424,14 +424,7 @@ mod tests {
         // The largest id repeats into distinct ids.
         let t = parse(&format!("a {} 5 0\na 3 7 0\nf 3\n", u64::MAX), "x").unwrap();
         let r = t.repeated(3);
-        let ids: std::collections::HashSet<u64> = r
-            .ops
-            .iter()
-            .filter_map(|op| match *op {
-                Op::Alloc { id, .. } => Some(id),
-                _ => None,
-            })
-            .collect();
+        let ids: std::collections::HashSet<u64> = r.allocations().map(|(id, _, _)| id).collect();
         assert_eq!(ids.len(), 6);
         let mut out = Vec::new();
         r.write_to(&mut out).unwrap();
