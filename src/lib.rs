@@ -78,4 +78,4 @@ pub use device::{Device, DeviceError, DeviceIndex, DevicePtr, EventHandle, Strea
 pub use error::Error;
 pub use handle::MempoolId;
 pub use pool::PoolKind;
-pub use stats::{DeviceStats, Stat, StatType};
+pub use stats::{DeviceStats, PrivatePoolStats, Stat, StatType};

@@ -1,7 +1,13 @@
 //! Allocator statistics with exactly PyTorch's `DeviceStats` meaning.
 //!
 //! Every [`Stat`] keeps `current`, `peak`, `allocated` (sum of increases) and `freed`
-//! (sum of decreases); arrays are indexed by [`StatType`].
+//! (sum of decreases); arrays are indexed by [`StatType`]. [`DeviceStats`] holds every
+//! field of torch 2.14's `DeviceStats` but two: `reserved_bytes_by_private_pools`, a map
+//! kept apart ([`PrivatePoolStats`], one entry per pool, read with
+//! `CachingAllocator::private_pool_stats`), and `num_oom_rejections`, always 0 here
+//! (npualloc has no out-of-memory preemption policy).
+
+use crate::handle::MempoolId;
 
 /// Formats bytes as PyTorch does: "N bytes" up to 1 KiB, else "x.xx KiB/MiB/GiB";
 /// takes any integer, so a [`Stat`] field (`i64`) formats as well as a `usize`.
@@ -65,6 +71,12 @@ impl Stat {
     /// Sets the peak to the current value.
     pub fn reset_peak(&mut self) {
         self.peak = self.current;
+    }
+
+    /// Zeroes the sums of increases and decreases.
+    pub fn reset_accumulated(&mut self) {
+        self.allocated = 0;
+        self.freed = 0;
     }
 }
 
@@ -164,20 +176,81 @@ impl DeviceStats {
     /// Zeroes `allocated`/`freed` of every stat and the event counters.
     pub fn reset_accumulated(&mut self) {
         for arr in self.arrays_mut() {
-            for s in arr.iter_mut() {
-                s.allocated = 0;
-                s.freed = 0;
-            }
+            arr.iter_mut().for_each(Stat::reset_accumulated);
         }
         for s in [&mut self.oversize_allocations, &mut self.oversize_segments] {
-            s.allocated = 0;
-            s.freed = 0;
+            s.reset_accumulated();
         }
         self.num_alloc_retries = 0;
         self.num_ooms = 0;
         self.num_sync_all_streams = 0;
         self.num_device_alloc = 0;
         self.num_device_free = 0;
+    }
+}
+
+/// The device memory one graph-private pool holds: an entry of torch 2.14's
+/// `DeviceStats::reserved_bytes_by_private_pools`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PrivatePoolStats {
+    /// The pool (PyTorch's `MempoolId_t`).
+    pub id: MempoolId,
+    /// Bytes of device memory held by the pool's segments (or mapped pages), per
+    /// [`StatType`], counted as `reserved_bytes` counts them.
+    pub reserved_bytes: StatArray,
+}
+
+/// `reserved_bytes_by_private_pools` of one device, as PyTorch keeps it: an entry is made
+/// when a pool first reserves memory, follows every reservation and release of the
+/// pool's memory, and is never removed (its `current` is 0 once the pool gave
+/// everything back; `peak`, `allocated` and `freed` stay until the resets).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct PrivatePoolReserved(Vec<PrivatePoolStats>);
+
+impl PrivatePoolReserved {
+    fn entry(&mut self, id: MempoolId) -> &mut StatArray {
+        let i = match self.0.iter().position(|e| e.id == id) {
+            Some(i) => i,
+            None => {
+                self.0.push(PrivatePoolStats {
+                    id,
+                    reserved_bytes: StatArray::default(),
+                });
+                self.0.len() - 1
+            }
+        };
+        &mut self.0[i].reserved_bytes
+    }
+
+    /// Pool `id` reserved `bytes` more in `pool`'s size class.
+    pub fn increase(&mut self, id: MempoolId, pool: StatType, bytes: usize) {
+        increase(self.entry(id), pool, bytes);
+    }
+
+    /// Pool `id` gave `bytes` back in `pool`'s size class.
+    pub fn decrease(&mut self, id: MempoolId, pool: StatType, bytes: usize) {
+        decrease(self.entry(id), pool, bytes);
+    }
+
+    /// Every entry, in the order the pools first reserved memory.
+    pub fn entries(&self) -> Vec<PrivatePoolStats> {
+        self.0.clone()
+    }
+
+    /// Sets every peak to its current value (entries stay).
+    pub fn reset_peak(&mut self) {
+        for e in &mut self.0 {
+            e.reserved_bytes.iter_mut().for_each(Stat::reset_peak);
+        }
+    }
+
+    /// Zeroes every `allocated` and `freed` (entries stay).
+    pub fn reset_accumulated(&mut self) {
+        for e in &mut self.0 {
+            e.reserved_bytes
+                .iter_mut()
+                .for_each(Stat::reset_accumulated);
+        }
     }
 }
 
@@ -221,5 +294,55 @@ mod tests {
         assert_eq!(a[1].current, 0);
         assert_eq!(a[2].current, 6);
         assert_eq!(a[0].peak, 10);
+    }
+
+    #[test]
+    fn private_pool_entries_follow_their_pool_and_outlive_it_until_reset() {
+        let (a, b) = (MempoolId(1, 0), MempoolId(2, 0));
+        let mut r = PrivatePoolReserved::default();
+        assert!(r.entries().is_empty(), "no entry before a pool reserves");
+        r.increase(a, StatType::LargePool, 20 << 20);
+        r.increase(b, StatType::SmallPool, 2 << 20);
+        r.increase(a, StatType::SmallPool, 2 << 20);
+        r.decrease(a, StatType::LargePool, 20 << 20);
+        let e = r.entries();
+        assert_eq!(
+            (e[0].id, e[1].id),
+            (a, b),
+            "in the order pools first reserved"
+        );
+        let ra = e[0].reserved_bytes;
+        assert_eq!(
+            ra[StatType::Aggregate],
+            stat(2 << 20, 22 << 20, 22 << 20, 20 << 20)
+        );
+        assert_eq!(
+            ra[StatType::LargePool],
+            stat(0, 20 << 20, 20 << 20, 20 << 20)
+        );
+        assert_eq!(ra[StatType::SmallPool], stat(2 << 20, 2 << 20, 2 << 20, 0));
+        assert_eq!(e[1].reserved_bytes[StatType::SmallPool].current, 2 << 20);
+        // The pool gives everything back: the entry stays, current 0.
+        r.decrease(a, StatType::SmallPool, 2 << 20);
+        r.reset_peak();
+        let ra = r.entries()[0].reserved_bytes;
+        assert_eq!(ra[StatType::Aggregate], stat(0, 0, 22 << 20, 22 << 20));
+        r.reset_accumulated();
+        let e = r.entries();
+        assert_eq!(e.len(), 2, "reset removes no entry");
+        assert_eq!(e[0].reserved_bytes, StatArray::default());
+        assert_eq!(
+            e[1].reserved_bytes[StatType::SmallPool],
+            stat(2 << 20, 2 << 20, 0, 0)
+        );
+    }
+
+    fn stat(current: i64, peak: i64, allocated: i64, freed: i64) -> Stat {
+        Stat {
+            current,
+            peak,
+            allocated,
+            freed,
+        }
     }
 }

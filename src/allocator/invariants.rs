@@ -3,8 +3,10 @@
 use std::collections::HashMap;
 
 use super::shard::ShardState;
+use super::shards::Shard;
+use crate::handle::MempoolId;
 use crate::pool::{Block, BlockId, Phase, PoolKind};
-use crate::stats::{StatArray, StatType};
+use crate::stats::{PrivatePoolStats, StatArray, StatType};
 use crate::stream::UNFENCED;
 
 #[derive(Default)]
@@ -39,6 +41,38 @@ fn compare(name: &str, stat: &StatArray, counted: &[i64; 3]) -> Result<(), Strin
         }
     }
     Ok(())
+}
+
+/// Checks the device-wide reserved bytes per private pool against the bytes of each
+/// pool's blocks over every shard (a pool's blocks tile its segments or mapped pages).
+pub(super) fn check_private_pools(
+    shards: &[&Shard],
+    pools: &[PrivatePoolStats],
+) -> Result<(), String> {
+    let mut counted: HashMap<MempoolId, [i64; 3]> = HashMap::new();
+    for s in shards {
+        let st = s.state.lock();
+        for (_, b) in st.blocks.iter() {
+            if let Some(t) = b.pool {
+                let id = st.capture.private[t.index()].id;
+                add(counted.entry(id).or_default(), b.kind, b.size);
+            }
+        }
+    }
+    for p in pools {
+        let want = counted.remove(&p.id).unwrap_or_default();
+        compare(
+            &format!("reserved_bytes_by_private_pools[{:?}]", p.id),
+            &p.reserved_bytes,
+            &want,
+        )?;
+    }
+    match counted.keys().next() {
+        Some(id) => Err(format!(
+            "private pool {id:?} holds memory but has no statistics"
+        )),
+        None => Ok(()),
+    }
 }
 
 /// Checks one shard.

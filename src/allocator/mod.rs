@@ -40,7 +40,7 @@ use crate::device::{Device, DeviceIndex, DevicePtr, MempoolId, StreamHandle};
 use crate::error::Error;
 use crate::pool::BlockId;
 use crate::profiling::Mstx;
-use crate::stats::{DeviceStats, Stat, StatArray};
+use crate::stats::{DeviceStats, PrivatePoolStats, Stat, StatArray};
 use shard::{NoPeers, Peers, ShardState};
 use shards::{Shard, ShardTable};
 use shared::Shared;
@@ -342,6 +342,20 @@ impl CachingAllocator {
         }
     }
 
+    /// Reserved bytes per graph-private pool: torch 2.14's
+    /// `DeviceStats::reserved_bytes_by_private_pools`, with PyTorch's meaning. A pool's
+    /// entry appears when it first reserves device memory (a segment allocated, or pages
+    /// mapped, on any stream allocating to it), and follows every allocation and release
+    /// of its segments (pages) on every stream; `current` drops to 0 once the pool's
+    /// memory went back (after [`release_pool`](Self::release_pool) and a cache release).
+    /// Entries are never removed: `peak` and `allocated`/`freed` stay until
+    /// [`reset_peak_stats`](Self::reset_peak_stats) /
+    /// [`reset_accumulated_stats`](Self::reset_accumulated_stats). In the order pools
+    /// first reserved memory; exact (counted under a device-wide lock on the slow paths).
+    pub fn private_pool_stats(&self) -> Vec<PrivatePoolStats> {
+        self.shared.private_reserved.lock().entries()
+    }
+
     /// Device bytes held by graph-private pools.
     pub fn private_pool_bytes(&self) -> usize {
         self.shards
@@ -563,6 +577,7 @@ impl CachingAllocator {
         self.shared
             .reserved_peak
             .store(self.shared.reserved(), Ordering::Relaxed);
+        self.shared.private_reserved.lock().reset_peak();
     }
 
     /// Zeroes the accumulated (`allocated`/`freed`) statistics and counters.
@@ -570,6 +585,7 @@ impl CachingAllocator {
         for s in self.shards.all() {
             s.state.lock().acct.stats.reset_accumulated();
         }
+        self.shared.private_reserved.lock().reset_accumulated();
     }
 
     /// The settings in force.
@@ -640,7 +656,8 @@ impl CachingAllocator {
                 self.shared.reserved()
             ));
         }
-        Ok(())
+        let pools = self.private_pool_stats();
+        invariants::check_private_pools(&self.shards.all(), &pools)
     }
 }
 

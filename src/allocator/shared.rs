@@ -1,7 +1,8 @@
 //! What a device's stream shards share: settings and device-wide memory counters.
 //!
 //! Only slow paths (device allocation and free, settings) write here, so shards on
-//! different streams do not contend on the fast path.
+//! different streams do not contend on the fast path. Lock order: a shard's mutex, then
+//! a mutex of this struct (never the other way round; these are leaves).
 
 use std::sync::atomic::{AtomicIsize, AtomicUsize, Ordering};
 
@@ -12,6 +13,7 @@ use std::sync::Arc;
 use crate::config::Config;
 use crate::device::{Device, DeviceIndex, StreamHandle};
 use crate::profiling::Mstx;
+use crate::stats::PrivatePoolReserved;
 
 /// Device-wide state of one allocator.
 pub(crate) struct Shared {
@@ -41,6 +43,9 @@ pub(crate) struct Shared {
     capturing: Mutex<Vec<StreamHandle>>,
     /// `capturing.len()`, read without the lock on the free path.
     capture_count: AtomicUsize,
+    /// Reserved bytes per graph-private pool, over every shard (a pool spans the streams
+    /// routed to it); written only where a pool's device memory grows or shrinks.
+    pub private_reserved: Mutex<PrivatePoolReserved>,
 }
 
 impl Shared {
@@ -63,6 +68,7 @@ impl Shared {
             pending_total: AtomicIsize::new(0),
             capturing: Mutex::new(Vec::new()),
             capture_count: AtomicUsize::new(0),
+            private_reserved: Mutex::new(PrivatePoolReserved::default()),
         }
     }
 

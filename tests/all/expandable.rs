@@ -224,9 +224,20 @@ fn graph_pools_get_their_own_expandable_segment() {
     // Not released yet: emptying the cache keeps the pool's pages.
     a.empty_cache().unwrap();
     assert_eq!(a.stats().reserved_bytes[0].current, 20 * MIB as i64);
+    // The pool's mapped pages are its reserved bytes; unmapping gives them back.
+    let pool = a.private_pool_stats()[0];
+    assert_eq!(
+        (pool.id, pool.reserved_bytes[0].current),
+        (P, 20 * MIB as i64)
+    );
     check(&a);
     a.release_pool(P).unwrap();
     assert_drained(&sim, &a);
+    let pool = a.private_pool_stats()[0].reserved_bytes[0];
+    assert_eq!(
+        (pool.current, pool.peak, pool.freed),
+        (0, 20 * MIB as i64, 20 * MIB as i64)
+    );
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! captures sharing a pool, release, deferred events, statistics.
 
 use npualloc::allocator::BlockState;
-use npualloc::{Error, MempoolId, StreamHandle};
+use npualloc::{Error, MempoolId, Stat, StatType, StreamHandle};
 
 use crate::common::*;
 
@@ -151,5 +151,85 @@ fn an_out_of_memory_during_a_capture_reaches_the_oom_observers() {
     a.end_allocate_to_pool(P).unwrap();
     a.release_pool(P).unwrap();
     check(&a);
+    assert_drained(&sim, &a);
+}
+
+fn stat(current: usize, peak: usize, allocated: usize, freed: usize) -> Stat {
+    let i = |v: usize| v as i64;
+    Stat {
+        current: i(current),
+        peak: i(peak),
+        allocated: i(allocated),
+        freed: i(freed),
+    }
+}
+
+/// torch 2.14's `reserved_bytes_by_private_pools`: one entry per pool that reserved
+/// memory, device-wide over the streams allocating to it, kept after the pool gave its
+/// memory back (current 0) until the resets, as PyTorch keeps it.
+#[test]
+fn reserved_bytes_by_private_pool_span_streams_and_outlive_the_pool_until_reset() {
+    let (sim, a) = manual(1 << 30);
+    let [s1, s2, s3] = [0; 3].map(|_| sim.create_stream(0).unwrap());
+    let normal = a.malloc(4096, s1).unwrap();
+    assert!(
+        a.private_pool_stats().is_empty(),
+        "ordinary memory is no pool's"
+    );
+    // An empty capture reserves nothing: no entry, as in PyTorch.
+    a.begin_allocate_to_pool(MempoolId(9, 1), s3).unwrap();
+    a.end_allocate_to_pool(MempoolId(9, 1)).unwrap();
+    // Two streams allocate in one pool: a large and a small segment.
+    a.begin_allocate_to_pool(P, s1).unwrap();
+    a.begin_allocate_to_pool(P, s2).unwrap();
+    let x = a.malloc(3 * MIB, s1).unwrap();
+    let y = a.malloc(4096, s2).unwrap();
+    let during = a.private_pool_stats();
+    assert_eq!(during.len(), 1, "{during:?}");
+    assert_eq!(during[0].id, P);
+    let r = during[0].reserved_bytes;
+    assert_eq!(
+        r[StatType::Aggregate],
+        stat(22 * MIB, 22 * MIB, 22 * MIB, 0)
+    );
+    assert_eq!(
+        r[StatType::LargePool],
+        stat(20 * MIB, 20 * MIB, 20 * MIB, 0)
+    );
+    assert_eq!(r[StatType::SmallPool], stat(2 * MIB, 2 * MIB, 2 * MIB, 0));
+    assert_eq!(a.private_pool_bytes(), 22 * MIB);
+    let reserved = a.stats().reserved_bytes[StatType::Aggregate].current;
+    assert_eq!(
+        reserved,
+        24 * MIB as i64,
+        "the pool's bytes are also reserved bytes"
+    );
+    a.end_allocate_to_pool(P).unwrap();
+    a.end_allocate_to_pool(P).unwrap();
+    a.free(x).unwrap();
+    a.free(y).unwrap();
+    a.empty_cache().unwrap(); // the pool is still in use: it keeps its memory
+    assert_eq!(a.private_pool_stats(), during);
+    check(&a);
+    a.release_pool(P).unwrap(); // both streams' use of the pool
+    a.empty_cache().unwrap();
+    let after = a.private_pool_stats()[0].reserved_bytes;
+    assert_eq!(
+        after[StatType::Aggregate],
+        stat(0, 22 * MIB, 22 * MIB, 22 * MIB)
+    );
+    assert_eq!(
+        after[StatType::SmallPool],
+        stat(0, 2 * MIB, 2 * MIB, 2 * MIB)
+    );
+    check(&a);
+    a.reset_peak_stats();
+    let after = a.private_pool_stats()[0].reserved_bytes;
+    assert_eq!(after[StatType::LargePool], stat(0, 0, 20 * MIB, 20 * MIB));
+    a.reset_accumulated_stats();
+    let after = a.private_pool_stats();
+    assert_eq!(after.len(), 1, "the resets remove no entry");
+    assert_eq!(after[0].reserved_bytes, [Stat::default(); 3]);
+    a.free(normal).unwrap();
     assert_drained(&sim, &a);
 }

@@ -9,12 +9,15 @@
 //! - pool tag 0 is the stream's own pool; tag `t > 0` is `private[t - 1]`;
 //! - a private pool's cached segments go back to the device only when its `use_count`
 //!   is 0 (every capture using it was released);
-//! - every deferred free holds one wait (`Phase::Awaiting`) until `end_allocate_to_pool`.
+//! - every deferred free holds one wait (`Phase::Awaiting`) until `end_allocate_to_pool`;
+//! - every change of a private pool's device memory (a segment allocated or released,
+//!   pages mapped or unmapped) goes through `note_pool_reserved`, so the device-wide
+//!   `Shared::private_reserved` equals the bytes of the pool's blocks over all shards.
 
 use super::ShardState;
 use crate::device::MempoolId;
 use crate::error::Error;
-use crate::pool::{PoolTag, PrivateTag};
+use crate::pool::{PoolKind, PoolTag, PrivateTag};
 
 /// A graph-private pool (PyTorch's `PrivatePool`).
 #[derive(Clone, Copy, Debug)]
@@ -107,6 +110,26 @@ impl ShardState {
         }
     }
 
+    /// Counts `bytes` of device memory that pool `tag` gained (`grew`) or gave back in
+    /// the device-wide reserved bytes per private pool; the stream's own pool (`None`)
+    /// is not counted there. Called on slow paths only (device allocation and free).
+    pub(super) fn note_pool_reserved(
+        &self,
+        tag: PoolTag,
+        kind: PoolKind,
+        bytes: usize,
+        grew: bool,
+    ) {
+        let Some(t) = tag else { return };
+        let id = self.capture.private[t.index()].id;
+        let mut pools = self.shared.private_reserved.lock();
+        if grew {
+            pools.increase(id, kind.stat_type(), bytes);
+        } else {
+            pools.decrease(id, kind.stat_type(), bytes);
+        }
+    }
+
     /// Device bytes held by private-pool segments.
     pub fn private_pool_bytes(&self) -> usize {
         self.blocks
@@ -146,6 +169,37 @@ mod tests {
         assert!(!st.release_pool(MempoolId(1, 1)), "an unknown pool");
         st.release_cached_blocks().unwrap();
         assert_eq!((st.private_pool_bytes(), st.acct.reserved), (0, 0));
+        check(&st);
+    }
+
+    #[test]
+    fn a_private_pool_s_segments_are_counted_device_wide_until_given_back() {
+        let (_sim, mut st) = shard("");
+        let reserved = |st: &super::ShardState| {
+            let e = st.shared.private_reserved.lock().entries();
+            e.iter()
+                .map(|p| (p.id, p.reserved_bytes[0].current))
+                .collect::<Vec<_>>()
+        };
+        let own = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
+        assert_eq!(
+            reserved(&st),
+            vec![],
+            "the stream's own pool is not counted"
+        );
+        st.begin_allocate_to_pool(MempoolId(7, 9)).unwrap();
+        let p = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
+        st.end_allocate_to_pool();
+        assert_eq!(reserved(&st), vec![(MempoolId(7, 9), 2 << 20)]);
+        free(&mut st, p);
+        free(&mut st, own);
+        st.release_pool(MempoolId(7, 9));
+        st.release_cached_blocks().unwrap();
+        assert_eq!(
+            reserved(&st),
+            vec![(MempoolId(7, 9), 0)],
+            "given back, kept"
+        );
         check(&st);
     }
 

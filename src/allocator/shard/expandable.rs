@@ -247,6 +247,7 @@ impl ShardState {
         self.acct.reserved += bytes;
         let st = kind.stat_type();
         stats::increase(&mut self.acct.stats.reserved_bytes, st, bytes);
+        self.note_pool_reserved(pool, kind, bytes, true);
         let runs_delta = 1 - fit.left.is_some() as i64 - fit.right.is_some() as i64;
         apply_net(&mut self.acct.stats.segment, st, runs_delta);
         self.coalesce(id, false);
@@ -347,6 +348,7 @@ impl ShardState {
         self.shared.unreserve(bytes);
         let st = kind.stat_type();
         stats::decrease(&mut self.acct.stats.reserved_bytes, st, bytes);
+        self.note_pool_reserved(self.vm[seg].pool, kind, bytes, false);
         apply_net(&mut self.acct.stats.segment, st, runs_delta);
         self.acct.stats.num_device_free += done as i64;
         failure.map_or(Ok(bytes), |e| Err(e.into()))

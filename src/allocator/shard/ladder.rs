@@ -341,6 +341,7 @@ impl ShardState {
         self.acct.stats.num_device_alloc += 1;
         let mut seg = Block::segment(ptr, seg_size, stream, kind);
         seg.pool = self.route();
+        self.note_pool_reserved(seg.pool, kind, seg_size, true);
         Ok(Some(self.blocks.insert(seg)))
     }
 }

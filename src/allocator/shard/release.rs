@@ -57,12 +57,13 @@ impl ShardState {
         let freed = self.dev.free(index, b.ptr);
         drop(range);
         freed?;
-        let (kind, size) = (b.kind, b.size);
+        let (kind, size, pool) = (b.kind, b.size, b.pool);
         self.pool_remove(id);
         self.blocks.remove(id);
         self.lending.dirty.take(id);
         self.shared.unreserve(size);
         self.segment_removed(kind, size);
+        self.note_pool_reserved(pool, kind, size, false);
         self.acct.stats.num_device_free += 1;
         Ok(())
     }
