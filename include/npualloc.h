@@ -103,9 +103,12 @@ typedef npualloc_stat npualloc_stat_array[3];
 
 /**
  * Device statistics: PyTorch's `c10::CachingDeviceAllocator::DeviceStats` (torch 2.14)
- * in its order, less two fields npualloc does not keep: `reserved_bytes_by_private_pools`
- * (a map per graph pool; the pools' bytes are counted in `reserved_bytes`) and
- * `num_oom_rejections` (npualloc has no OOM preemption policy: always 0).
+ * in its order, less two fields: `reserved_bytes_by_private_pools`, a map that does not
+ * fit a fixed struct (read it with `npualloc_get_private_pool_stats`; the pools' bytes
+ * are also counted in `reserved_bytes`, as in PyTorch), and `num_oom_rejections`, which
+ * is always 0 (npualloc has no OOM preemption policy). The layout is frozen: callers
+ * built against an older header pass this struct, so a new statistic comes with a new
+ * function, never a new field.
  */
 typedef struct {
   /**
@@ -177,6 +180,25 @@ typedef struct {
    */
   int64_t max_split_size;
 } npualloc_device_stats;
+
+/**
+ * One entry of torch 2.14's `DeviceStats::reserved_bytes_by_private_pools`: a
+ * graph-private pool (its `MempoolId_t`) and the device memory its segments hold.
+ */
+typedef struct {
+  /**
+   * The pool id's first integer (`MempoolId_t::first`).
+   */
+  uint64_t id_hi;
+  /**
+   * The pool id's second integer (`MempoolId_t::second`).
+   */
+  uint64_t id_lo;
+  /**
+   * Bytes reserved by the pool, per pool kind (index 0 all, 1 small, 2 large).
+   */
+  npualloc_stat_array reserved_bytes;
+} npualloc_private_pool_stats;
 
 /**
  * Operations a host framework supplies; each returns 0 on success. A NULL member keeps
@@ -341,6 +363,17 @@ void npualloc_reset_peak_stats(int device);
  * error code with `*out` unchanged.
  */
 int npualloc_get_device_stats(int device, npualloc_device_stats *out);
+
+/**
+ * Reads `device`'s reserved bytes per graph-private pool (torch 2.14's
+ * `reserved_bytes_by_private_pools`): stores the number of pools in `*count` and
+ * writes the first `capacity` of them (at most `*count`) to `out` (caller-owned; may be
+ * NULL when `capacity` is 0, to ask for the count). A pool appears once it reserved
+ * memory and stays, with `current` 0 after its memory went back, as in PyTorch; in the
+ * order pools first reserved memory. Returns 0; NPUALLOC_ERR_INVALID_ARGUMENT for a
+ * NULL `count`, or a NULL `out` with a non-zero `capacity`.
+ */
+int npualloc_get_private_pool_stats(int device, npualloc_private_pool_stats *out, size_t capacity, size_t *count);
 
 /**
  * Applies settings (`NPUALLOC_CONF` syntax, e.g. "max_split_size_mb:128"); only before

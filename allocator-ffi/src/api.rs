@@ -9,7 +9,7 @@ use crate::hooks::{self, npualloc_runtime_hooks};
 use crate::panic::{code, or_default};
 use crate::record::recorder;
 use crate::runtime::{configure, runtime, set_hooks, set_oom_observer, Runtime};
-use crate::types::{npualloc_device_stats, npualloc_stream};
+use crate::types::{npualloc_device_stats, npualloc_private_pool_stats, npualloc_stream};
 
 fn to_stream(s: npualloc_stream) -> StreamHandle {
     StreamHandle(s as usize)
@@ -254,6 +254,42 @@ pub extern "C" fn npualloc_get_device_stats(
         let stats = npualloc_device_stats::from(runtime()?.allocator(device)?.stats());
         // SAFETY: `out` is a non-NULL pointer to caller-owned, writable stats.
         unsafe { out.write(stats) };
+        Ok(())
+    })
+}
+
+/// Reads `device`'s reserved bytes per graph-private pool (torch 2.14's
+/// `reserved_bytes_by_private_pools`): stores the number of pools in `*count` and
+/// writes the first `capacity` of them (at most `*count`) to `out` (caller-owned; may be
+/// NULL when `capacity` is 0, to ask for the count). A pool appears once it reserved
+/// memory and stays, with `current` 0 after its memory went back, as in PyTorch; in the
+/// order pools first reserved memory. Returns 0; NPUALLOC_ERR_INVALID_ARGUMENT for a
+/// NULL `count`, or a NULL `out` with a non-zero `capacity`.
+#[no_mangle]
+pub extern "C" fn npualloc_get_private_pool_stats(
+    device: c_int,
+    out: *mut npualloc_private_pool_stats,
+    capacity: usize,
+    count: *mut usize,
+) -> c_int {
+    code("npualloc_get_private_pool_stats", || {
+        if count.is_null() {
+            return Err(Failure::new(NPUALLOC_ERR_INVALID_ARGUMENT, "count is NULL"));
+        }
+        if out.is_null() && capacity > 0 {
+            return Err(Failure::new(
+                NPUALLOC_ERR_INVALID_ARGUMENT,
+                "out is NULL with a non-zero capacity",
+            ));
+        }
+        let pools = runtime()?.allocator(device)?.private_pool_stats();
+        for (i, p) in pools.iter().take(capacity).enumerate() {
+            // SAFETY: `out` points to `capacity` caller-owned, writable entries (non-NULL
+            // when `capacity` > 0, checked above) and `i` < `capacity`.
+            unsafe { out.add(i).write((*p).into()) };
+        }
+        // SAFETY: `count` is a non-NULL pointer to a caller-owned, writable size_t.
+        unsafe { count.write(pools.len()) };
         Ok(())
     })
 }

@@ -2,7 +2,7 @@
 
 use std::ffi::c_void;
 
-use npualloc_core::stats::{DeviceStats, Stat};
+use npualloc_core::stats::{DeviceStats, PrivatePoolStats, Stat};
 
 /// A stream: an `aclrtStream` or `cudaStream_t`; NULL is the device's default stream.
 pub type npualloc_stream = *mut c_void;
@@ -27,9 +27,12 @@ pub struct npualloc_stat {
 pub type npualloc_stat_array = [npualloc_stat; 3];
 
 /// Device statistics: PyTorch's `c10::CachingDeviceAllocator::DeviceStats` (torch 2.14)
-/// in its order, less two fields npualloc does not keep: `reserved_bytes_by_private_pools`
-/// (a map per graph pool; the pools' bytes are counted in `reserved_bytes`) and
-/// `num_oom_rejections` (npualloc has no OOM preemption policy: always 0).
+/// in its order, less two fields: `reserved_bytes_by_private_pools`, a map that does not
+/// fit a fixed struct (read it with `npualloc_get_private_pool_stats`; the pools' bytes
+/// are also counted in `reserved_bytes`, as in PyTorch), and `num_oom_rejections`, which
+/// is always 0 (npualloc has no OOM preemption policy). The layout is frozen: callers
+/// built against an older header pass this struct, so a new statistic comes with a new
+/// function, never a new field.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct npualloc_device_stats {
@@ -67,6 +70,29 @@ pub struct npualloc_device_stats {
     pub num_device_free: i64,
     /// The max_split_size setting in bytes (INT64_MAX when unlimited).
     pub max_split_size: i64,
+}
+
+/// One entry of torch 2.14's `DeviceStats::reserved_bytes_by_private_pools`: a
+/// graph-private pool (its `MempoolId_t`) and the device memory its segments hold.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct npualloc_private_pool_stats {
+    /// The pool id's first integer (`MempoolId_t::first`).
+    pub id_hi: u64,
+    /// The pool id's second integer (`MempoolId_t::second`).
+    pub id_lo: u64,
+    /// Bytes reserved by the pool, per pool kind (index 0 all, 1 small, 2 large).
+    pub reserved_bytes: npualloc_stat_array,
+}
+
+impl From<PrivatePoolStats> for npualloc_private_pool_stats {
+    fn from(p: PrivatePoolStats) -> Self {
+        npualloc_private_pool_stats {
+            id_hi: p.id.0,
+            id_lo: p.id.1,
+            reserved_bytes: arr(p.reserved_bytes),
+        }
+    }
 }
 
 fn stat(s: Stat) -> npualloc_stat {

@@ -18,7 +18,7 @@ libraries (tests/torch_npu); not on an NPU (none was available).
 import ctypes
 import os
 
-from ._lib import STAT_ARRAYS, DeviceStats, address, library_path, load
+from ._lib import STAT_ARRAYS, DeviceStats, PrivatePoolStats, address, library_path, load
 
 __all__ = ["install", "install_cuda", "memory_stats", "memory_summary", "empty_cache",
            "dump_snapshot", "use_backend", "last_error", "library_path", "load",
@@ -203,9 +203,23 @@ def install_cuda(conf=None):
     return pluggable
 
 
+def _private_pools(lib, device):
+    """npualloc_get_private_pool_stats: every entry (read again if pools were added)."""
+    n = ctypes.c_size_t(0)
+    pools = (PrivatePoolStats * 0)()
+    while True:
+        _check(lib.npualloc_get_private_pool_stats(device, pools, len(pools), ctypes.byref(n)), lib)
+        if n.value <= len(pools):
+            return pools[:n.value]
+        pools = (PrivatePoolStats * n.value)()
+
+
 def memory_stats(device=0, lib=None):
-    """Statistics of `device` with PyTorch's flat key names
-    (`allocated_bytes.all.current`, ..., `num_alloc_retries`)."""
+    """Statistics of `device` with torch 2.14's flat key names, as
+    `torch.cuda.memory_stats()` gives them (`allocated_bytes.all.current`, ...,
+    `num_alloc_retries`, `num_oom_rejections`, and per graph-private pool
+    `reserved_bytes_by_private_pools.<id0>_<id1>.all.current` ...; torch_npu 2.14's
+    `torch.npu.memory_stats()` has every key but the per-pool ones)."""
     lib = lib or load()
     _start(lib)
     s = DeviceStats()
@@ -223,6 +237,12 @@ def memory_stats(device=0, lib=None):
     for name in ("num_alloc_retries", "num_ooms", "num_sync_all_streams",
                  "num_device_alloc", "num_device_free", "max_split_size"):
         out[name] = getattr(s, name)
+    out["num_oom_rejections"] = 0  # npualloc has no OOM preemption policy
+    for p in _private_pools(lib, device):
+        for i, pool in enumerate(("all", "small_pool", "large_pool")):
+            for field in ("current", "peak", "allocated", "freed"):
+                key = "reserved_bytes_by_private_pools.%d_%d.%s.%s" % (p.id_hi, p.id_lo, pool, field)
+                out[key] = getattr(p.reserved_bytes[i], field)
     return out
 
 

@@ -22,7 +22,7 @@ STAT_ARRAYS = ("allocation", "segment", "active", "inactive_split", "allocated_b
 
 class DeviceStats(ctypes.Structure):
     """npualloc_device_stats: PyTorch's DeviceStats less reserved_bytes_by_private_pools
-    and num_oom_rejections (see include/npualloc.h)."""
+    (PrivatePoolStats) and num_oom_rejections (always 0; see include/npualloc.h)."""
 
     _fields_ = [(name, StatArray) for name in STAT_ARRAYS] + [
         ("num_alloc_retries", ctypes.c_int64),
@@ -34,6 +34,13 @@ class DeviceStats(ctypes.Structure):
         ("num_device_free", ctypes.c_int64),
         ("max_split_size", ctypes.c_int64),
     ]
+
+
+class PrivatePoolStats(ctypes.Structure):
+    """npualloc_private_pool_stats: one entry of reserved_bytes_by_private_pools."""
+
+    _fields_ = [("id_hi", ctypes.c_uint64), ("id_lo", ctypes.c_uint64),
+                ("reserved_bytes", StatArray)]
 
 
 class SimCounters(ctypes.Structure):
@@ -83,12 +90,18 @@ _SIGNATURES = {
     "npualloc_erase_stream": (None, [ctypes.c_void_p, ctypes.c_void_p]),
     "npualloc_reset_peak_stats": (None, [ctypes.c_int]),
     "npualloc_get_device_stats": (ctypes.c_int, [ctypes.c_int, ctypes.POINTER(DeviceStats)]),
+    "npualloc_get_private_pool_stats": (ctypes.c_int, [ctypes.c_int, ctypes.POINTER(PrivatePoolStats),
+                                                       ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]),
     "npualloc_last_error": (ctypes.c_char_p, []),
     "npualloc_memory_summary": (ctypes.c_char_p, [ctypes.c_int, ctypes.c_bool]),
     "npualloc_configure": (ctypes.c_int, [ctypes.c_char_p]),
     "npualloc_empty_cache_device": (ctypes.c_int, [ctypes.c_int]),
     "npualloc_dump_snapshot": (ctypes.c_int, [ctypes.c_char_p]),
     "npualloc_check_invariants": (ctypes.c_int, [ctypes.c_int]),
+    "npualloc_begin_allocate_to_pool": (ctypes.c_int, [ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64,
+                                                       ctypes.c_void_p]),
+    "npualloc_end_allocate_to_pool": (ctypes.c_int, [ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64]),
+    "npualloc_release_pool": (ctypes.c_int, [ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64]),
     "npualloc_device_count": (ctypes.c_int, []),
     "npualloc_tag_stream": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_void_p]),
     "npualloc_record_tagged_stream": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p]),

@@ -198,6 +198,30 @@ class Stats(unittest.TestCase):
         self.assertEqual(s["allocated_bytes.all.current"], 0)
         self.assertEqual(s["allocated_bytes.all.peak"], block(3 << 20) + block(1000))
         self.assertEqual(len([k for k in s if k.endswith(".current")]), 9 * 3 + 2)
+        self.private_pool_keys()
+
+    def private_pool_keys(self):
+        """torch.cuda.memory_stats()'s keys of reserved_bytes_by_private_pools: the pool
+        id (3, 4) flattened as "3_4"; the entry stays, current 0, after the pool's memory
+        went back (run after the key count above: the entry never goes)."""
+        key = "reserved_bytes_by_private_pools.3_4."
+        self.assertFalse([k for k in npualloc.memory_stats(0) if k.startswith(key)])
+        self.assertEqual(lib().npualloc_begin_allocate_to_pool(0, 3, 4, None), 0)
+        p = lib().npualloc_malloc(3 << 20, 0, None)
+        s = npualloc.memory_stats(0)
+        self.assertEqual(len([k for k in s if k.startswith(key)]), 12)
+        self.assertEqual(s[key + "all.current"], 20 << 20)
+        self.assertEqual(s[key + "large_pool.current"], 20 << 20)
+        self.assertEqual(s[key + "small_pool.current"], 0)
+        self.assertEqual(s["num_oom_rejections"], 0)
+        self.assertEqual(lib().npualloc_end_allocate_to_pool(0, 3, 4), 0)
+        lib().npualloc_free(p, 0, 0, None)
+        self.assertEqual(lib().npualloc_release_pool(0, 3, 4), 0)
+        npualloc.empty_cache()
+        s = npualloc.memory_stats(0)
+        self.assertEqual((s[key + "all.current"], s[key + "all.peak"], s[key + "all.freed"]),
+                         (0, 20 << 20, 20 << 20))
+        self.assertEqual(len([k for k in s if k.endswith(".current")]), 9 * 3 + 2 + 3)
 
     def test_snapshot_file(self):
         p = lib().npualloc_malloc(5000, 0, None)

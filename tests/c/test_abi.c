@@ -244,6 +244,71 @@ static void test_graph_pools(void) {
   CHECK(npualloc_check_invariants(0) == NPUALLOC_OK);
 }
 
+static const npualloc_private_pool_stats *find_pool(const npualloc_private_pool_stats *p, size_t n,
+                                                   uint64_t hi, uint64_t lo) {
+  for (size_t i = 0; i < n; ++i)
+    if (p[i].id_hi == hi && p[i].id_lo == lo) return &p[i];
+  return NULL;
+}
+
+/* torch 2.14's reserved_bytes_by_private_pools: one entry for a pool two streams allocate
+ * to (their segments together), kept after the pool's memory went back (current 0) with
+ * its peak until the peak reset. Entries of earlier tests' pools stay too. */
+static void test_private_pool_stats(void) {
+  enum { CAP = 8 };
+  npualloc_private_pool_stats pools[CAP];
+  size_t n = 99;
+  CHECK(npualloc_get_private_pool_stats(0, NULL, 0, &n) == NPUALLOC_OK); /* count only */
+  size_t before = n;
+  CHECK(before < CAP - 1);
+  CHECK(npualloc_get_private_pool_stats(0, pools, CAP, NULL) == NPUALLOC_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(npualloc_last_error(), "npualloc_get_private_pool_stats: count is NULL") != NULL);
+  CHECK(npualloc_get_private_pool_stats(0, NULL, 1, &n) == NPUALLOC_ERR_INVALID_ARGUMENT);
+  CHECK(npualloc_get_private_pool_stats(5, pools, CAP, &n) == NPUALLOC_ERR_INVALID_DEVICE);
+  npualloc_stream a = NULL, b = NULL;
+  CHECK(ctl_create_stream(0, &a) == NPUALLOC_OK);
+  CHECK(ctl_create_stream(0, &b) == NPUALLOC_OK);
+  CHECK(npualloc_begin_allocate_to_pool(0, 5, 6, a) == NPUALLOC_OK);
+  CHECK(npualloc_begin_allocate_to_pool(0, 5, 6, b) == NPUALLOC_OK);
+  void *x = npualloc_malloc(3u << 20, 0, a); /* a 20 MiB large segment */
+  void *y = npualloc_malloc(4096, 0, b);      /* a 2 MiB small segment */
+  CHECK(x != NULL && y != NULL);
+  CHECK(npualloc_get_private_pool_stats(0, pools, CAP, &n) == NPUALLOC_OK);
+  CHECK(n == before + 1);
+  const npualloc_private_pool_stats *p = find_pool(pools, n, 5, 6);
+  CHECK(p != NULL);
+  if (p) {
+    CHECK(p->reserved_bytes[0].current == 22 << 20);
+    CHECK(p->reserved_bytes[1].current == 2 << 20);
+    CHECK(p->reserved_bytes[2].current == 20 << 20);
+  }
+  /* A buffer too small: the count still says how many there are; nothing past it. */
+  pools[n - 1].id_hi = 777;
+  size_t m = 0;
+  CHECK(npualloc_get_private_pool_stats(0, pools, n - 1, &m) == NPUALLOC_OK);
+  CHECK(m == n && pools[n - 1].id_hi == 777);
+  CHECK(npualloc_end_allocate_to_pool(0, 5, 6) == NPUALLOC_OK);
+  CHECK(npualloc_end_allocate_to_pool(0, 5, 6) == NPUALLOC_OK);
+  npualloc_free(x, 0, 0, a);
+  npualloc_free(y, 0, 0, b);
+  CHECK(npualloc_release_pool(0, 5, 6) == NPUALLOC_OK);
+  CHECK(npualloc_empty_cache_device(0) == NPUALLOC_OK);
+  CHECK(npualloc_get_private_pool_stats(0, pools, CAP, &n) == NPUALLOC_OK);
+  CHECK(n == before + 1);
+  p = find_pool(pools, n, 5, 6);
+  CHECK(p != NULL);
+  if (p) {
+    CHECK(p->reserved_bytes[0].current == 0);
+    CHECK(p->reserved_bytes[0].peak == 22 << 20);
+    CHECK(p->reserved_bytes[0].freed == 22 << 20);
+  }
+  npualloc_reset_peak_stats(0);
+  CHECK(npualloc_get_private_pool_stats(0, pools, CAP, &n) == NPUALLOC_OK);
+  p = find_pool(pools, n, 5, 6);
+  CHECK(p != NULL && p->reserved_bytes[0].peak == 0 && p->reserved_bytes[0].allocated == 22 << 20);
+  CHECK(npualloc_check_invariants(0) == NPUALLOC_OK);
+}
+
 /* A stream with no fitting cached block borrows another stream's idle segment: no
  * device allocation, one event recorded on the lender's stream for the borrower to
  * wait on. */
@@ -404,6 +469,7 @@ int main(int argc, char **argv) {
   test_tags();
   test_oom_observer();
   test_graph_pools();
+  test_private_pool_stats();
   test_lending();
   test_block_lending();
   test_snapshot(argc > 1 ? argv[1] : "/tmp/npualloc-c-snapshot.json");
