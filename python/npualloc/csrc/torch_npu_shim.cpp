@@ -14,10 +14,13 @@
 // - record/erase_stream: torch_npu passes a c10_npu::NPUStream; npualloc takes its
 //   aclrtStream. The stream is remembered (as is each allocation's stream, the current
 //   one) so the event hook can drain that stream's task queue.
-// - get_device_stats: npualloc_device_stats -> c10::CachingDeviceAllocator::DeviceStats.
-//   torch 2.14's num_oom_rejections is 0 (npualloc has no OOM preemption policy);
-//   reserved_bytes_by_private_pools stays empty (npualloc reports no per-pool figure;
-//   the pools' bytes are in reserved_bytes).
+// - get_device_stats: npualloc_device_stats -> c10::CachingDeviceAllocator::DeviceStats,
+//   every field: torch 2.14's reserved_bytes_by_private_pools from
+//   npualloc_get_private_pool_stats (one entry per graph pool that reserved memory,
+//   kept with current 0 after the pool's memory went back, as PyTorch keeps it), and
+//   num_oom_rejections 0 (npualloc has no OOM preemption policy). torch_npu 2.14's
+//   torch.npu.memory_stats() does not show the map (its binding reads the other
+//   fields); C++ callers of c10_npu::NPUCachingAllocator::getDeviceStats see it.
 // - graph pools: torch_npu's NPUGraph calls begin_allocate_to_pool(device, pool,
 //   filter) before a capture, where filter(stream) says whether a stream takes part in
 //   that capture (the capture stream, and side streams that joined it by waiting on an
@@ -111,6 +114,21 @@ void copy_array(ArrT& dst, const npualloc_stat_array src) {
   for (size_t i = 0; i < 3; ++i) copy_stat(dst[i], src[i]);
 }
 
+// Fills reserved_bytes_by_private_pools; left empty if npualloc cannot say.
+void copy_private_pools(int device, NpuStats& out) {
+  std::vector<npualloc_private_pool_stats> pools(4);
+  size_t n = 0;
+  for (;;) {
+    if (npualloc_get_private_pool_stats(device, pools.data(), pools.size(), &n) != NPUALLOC_OK) return;
+    if (n <= pools.size()) break;
+    pools.resize(n);  // more pools than room: read again, all of them
+  }
+  for (size_t i = 0; i < n; ++i) {
+    c10::MempoolId_t id{pools[i].id_hi, pools[i].id_lo};
+    copy_array(out.reserved_bytes_by_private_pools[id], pools[i].reserved_bytes);
+  }
+}
+
 NpuStats get_device_stats(c10::DeviceIndex device) {
   npualloc_device_stats s{};
   NpuStats out;
@@ -133,6 +151,7 @@ NpuStats get_device_stats(c10::DeviceIndex device) {
   out.num_device_free = s.num_device_free;
   out.num_oom_rejections = 0;
   out.max_split_size = s.max_split_size;
+  copy_private_pools(static_cast<int>(device), out);
   return out;
 }
 
