@@ -109,7 +109,9 @@ pub fn decrease(arr: &mut StatArray, pool: StatType, amount: usize) {
     arr[pool as usize].decrease(amount);
 }
 
-/// Statistics of one device's allocator (PyTorch's `DeviceStats`, same field order).
+/// Statistics of one device's allocator: PyTorch's `DeviceStats` in its field order,
+/// less `reserved_bytes_by_private_pools` ([`PrivatePoolStats`]) and
+/// `num_oom_rejections` (always 0), as the module documentation says.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[repr(C)]
 pub struct DeviceStats {

@@ -542,7 +542,8 @@ impl CachingAllocator {
         Ok(())
     }
 
-    /// A copy of the statistics (PyTorch's `DeviceStats`).
+    /// A copy of the statistics (PyTorch's `DeviceStats`; its per-pool map is
+    /// [`private_pool_stats`](Self::private_pool_stats)).
     ///
     /// Current values and totals are exact. Peaks of the reserved and segment counters
     /// are exact device-wide; the other peaks are exact while one stream is in use and,
