@@ -19,10 +19,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 EXPECTED_FAILURES = {}
 
 # Scenarios run again under other settings: torch_npu's task queue off (0) and in its
-# second mode (2, one queue per stream where it applies); the default is 1.
+# second mode (2; the default is 1), and with one task queue per stream
+# (PER_STREAM_QUEUE=1, torch_npu's name for it: by default every stream shares one).
 VARIANTS = {
-    "record_stream": [{"TASK_QUEUE_ENABLE": "0"}, {"TASK_QUEUE_ENABLE": "2"}],
+    "record_stream": [{"TASK_QUEUE_ENABLE": "0"}, {"TASK_QUEUE_ENABLE": "2"}, {"PER_STREAM_QUEUE": "1"}],
     "events": [{"TASK_QUEUE_ENABLE": "0"}, {"TASK_QUEUE_ENABLE": "2"}],
+    "graph_capture": [{"PER_STREAM_QUEUE": "1"}],
 }
 
 
@@ -37,6 +39,7 @@ def scenario_env():
     env.pop("NPUALLOC_CONF", None)
     env.pop("PYTORCH_NPU_ALLOC_CONF", None)
     env.pop("TASK_QUEUE_ENABLE", None)  # torch_npu's default (1) unless a variant sets it
+    env.pop("PER_STREAM_QUEUE", None)
     return env
 
 
