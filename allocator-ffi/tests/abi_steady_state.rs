@@ -16,8 +16,11 @@
 //! which makes the interleaving, hence the counts, deterministic: a stream that keeps
 //! borrowing for the same miss must end up growing its own cache
 //! (`src/allocator/shard/lending.rs`); before that rule one block was borrowed again,
-//! with events, at the same phase of every pass. The trace mix on two streams in turn
-//! does not reach a steady state with the default policy yet (benches/README.md).
+//! with events, at the same phase of every pass. Over the trace mix, 3 : 1 on the
+//! simulated device (deterministic addresses) settles too, after ~160 passes; on the
+//! fake ACL runtime (host addresses, which differ between runs) an event or a device
+//! call still comes every few dozen passes there (benches/README.md), so that case is
+//! not asserted.
 
 #[path = "../benches/abi_support/mod.rs"]
 mod abi_support;
@@ -31,6 +34,9 @@ const WARM: u64 = 30;
 /// Warm-up passes of the streams-in-turn cases: a stream borrows a size 64 times
 /// (`REPEATS` in `src/allocator/shard/lending.rs`) before it grows for it instead.
 const WARM_IN_TURN: u64 = 100;
+/// The same over the trace mix, where several sizes take turns (measured on the
+/// simulated device: the last device call came between passes 150 and 199).
+const WARM_TRACE_IN_TURN: u64 = 200;
 
 /// One test at a time: loading sets environment variables.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -126,39 +132,49 @@ fn in_turn(
 
 /// Default settings, two streams stepped in turn by one thread (`pattern`: steps on
 /// stream 0, then on stream 1, per round).
-fn check_in_turn(kind: Kind, pattern: (u64, u64)) {
+fn check_in_turn(kind: Kind, trace: bool, pattern: (u64, u64)) {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let a = Allocator::load_with_conf(kind, "");
-    let (before, after) = in_turn(&a, &ISSUE_MIX, pattern, WARM_IN_TURN, 3);
+    let (mix, warm): (&[usize], u64) = if trace {
+        (traces(), WARM_TRACE_IN_TURN)
+    } else {
+        (&ISSUE_MIX, WARM_IN_TURN)
+    };
+    let (before, after) = in_turn(&a, mix, pattern, warm, 3);
     assert!(
         before.mallocs > 0,
         "{kind:?}: the warm-up allocated nothing: {before:?}"
     );
     assert_eq!(
         before, after,
-        "{kind:?} (streams in turn {pattern:?}, defaults): device calls at steady state"
+        "{kind:?} (trace mix: {trace}, streams in turn {pattern:?}, defaults): device calls at steady state"
     );
     assert_eq!(after.violations, 0, "{kind:?}: device misuse: {after:?}");
 }
 
 #[test]
 fn acl_issue_mix_two_streams_in_turn() {
-    check_in_turn(Kind::NpuallocAcl, (1, 1));
+    check_in_turn(Kind::NpuallocAcl, false, (1, 1));
 }
 
 #[test]
 fn acl_issue_mix_two_streams_three_to_one() {
-    check_in_turn(Kind::NpuallocAcl, (3, 1));
+    check_in_turn(Kind::NpuallocAcl, false, (3, 1));
 }
 
 #[test]
 fn sim_issue_mix_two_streams_in_turn() {
-    check_in_turn(Kind::NpuallocSim, (1, 1));
+    check_in_turn(Kind::NpuallocSim, false, (1, 1));
 }
 
 #[test]
 fn sim_issue_mix_two_streams_three_to_one() {
-    check_in_turn(Kind::NpuallocSim, (3, 1));
+    check_in_turn(Kind::NpuallocSim, false, (3, 1));
+}
+
+#[test]
+fn sim_trace_mix_two_streams_three_to_one() {
+    check_in_turn(Kind::NpuallocSim, true, (3, 1));
 }
 
 #[test]
