@@ -17,7 +17,7 @@
 //! borrowing for the same miss must end up growing its own cache
 //! (`src/allocator/shard/lending.rs`); before that rule one block was borrowed again,
 //! with events, at the same phase of every pass. Over the trace mix, 3 : 1 on the
-//! simulated device (deterministic addresses) settles too, after ~160 passes; on the
+//! simulated device (deterministic addresses) settles too, after 150–199 passes; on the
 //! fake ACL runtime (host addresses, which differ between runs) an event or a device
 //! call still comes every few dozen passes there (benches/README.md), so that case is
 //! not asserted.
