@@ -4,7 +4,7 @@
 //! different streams do not contend on the fast path. Lock order: a shard's mutex, then
 //! a mutex of this struct (never the other way round; these are leaves).
 
-use std::sync::atomic::{AtomicIsize, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicIsize, AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
@@ -34,6 +34,11 @@ pub(crate) struct Shared {
     pub hwm: AtomicUsize,
     /// Highest `reserved` since the last peak reset (the aggregate reserved peak).
     pub reserved_peak: AtomicUsize,
+    /// Device allocations (and page mappings) so far: a steady workload makes none
+    /// (lending's repeat rule, `shard/lending.rs`).
+    pub growths: AtomicU64,
+    /// Of which growths instead of a repeat borrow (`shard/lending.rs`).
+    pub regrowths: AtomicU64,
     /// Memory-fraction cap in bytes; `usize::MAX` when unset.
     allowed_max: AtomicUsize,
     /// Frees waiting for events, over all shards.
@@ -64,6 +69,8 @@ impl Shared {
             reserved: AtomicUsize::new(0),
             hwm: AtomicUsize::new(0),
             reserved_peak: AtomicUsize::new(0),
+            growths: AtomicU64::new(0),
+            regrowths: AtomicU64::new(0),
             allowed_max: AtomicUsize::new(usize::MAX),
             pending_total: AtomicIsize::new(0),
             capturing: Mutex::new(Vec::new()),
@@ -126,6 +133,15 @@ impl Shared {
         let now = self.reserved();
         self.hwm.fetch_max(now, Ordering::Relaxed);
         self.reserved_peak.fetch_max(now, Ordering::Relaxed);
+        self.growths.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Growths so far that were not instead of a repeat borrow. Only compared for
+    /// equality (a change means the device grew): a value torn by a concurrent growth
+    /// only restarts lending's count, hence the wrapping subtraction.
+    pub fn growths(&self) -> u64 {
+        let all = self.growths.load(Ordering::Relaxed);
+        all.wrapping_sub(self.regrowths.load(Ordering::Relaxed))
     }
 
     pub fn unreserve(&self, bytes: usize) {

@@ -6,7 +6,9 @@
 //! 2. **merged cache**: the hot cache merged into the free lists, best fit again;
 //! 3. **lending**: garbage collection (with a memory fraction), a wholly free segment of
 //!    another stream, then a free block of another stream (`lending.rs`); with
-//!    expandable segments only the block;
+//!    expandable segments only the block. A stream that keeps borrowing for the same
+//!    request size while the device does not grow (a steady loop) grows first instead
+//!    (rung 4 moved up, `lending.rs`'s repeat rule), and borrows if that fails;
 //! 4. **grow**: idle empty segments back first if reserved memory would pass its
 //!    high-water mark, then a device malloc (with expandable segments: map pages);
 //!    past the reserve budget, the device-side wait of rung 5 first;
@@ -20,6 +22,8 @@
 //! Contract: `malloc` either hands out a block (its pointer mapped in `ptrs`), returns
 //! `Ok(None)` when only rung 6 could help, or fails with out of memory after counting it.
 //! A capture never reaches rung 6 (it must not synchronise): out of memory at once.
+
+use std::sync::atomic::Ordering;
 
 use super::ShardState;
 use super::{Grant, Peers};
@@ -118,7 +122,7 @@ impl ShardState {
         }
         if self.shared.config.expandable_segments {
             // Another stream's free block before mapping pages.
-            if let Some(ptr) = self.borrow_block(req, peers) {
+            if let Some(ptr) = self.borrow_block(req, false, peers) {
                 return Ok(Some(Grant::Lent(ptr)));
             }
             return Ok(self.grow_pages(req, peers)?.map(Grant::Own));
@@ -126,10 +130,19 @@ impl ShardState {
         if self.gc_enabled() {
             self.garbage_collect(peers);
         }
-        if let Some(id) = self.borrow_segment(req, seg_size, peers)? {
+        // A repeat borrower grows its own cache before borrowing (`lending.rs`); if
+        // that fails, memory is short: it borrows, without counting the borrow.
+        let regrow = self.grow_before_borrowing(req, seg_size);
+        if regrow {
+            if let Some(id) = self.grow(req, seg_size, peers)? {
+                self.shared.regrowths.fetch_add(1, Ordering::Relaxed);
+                return Ok(Some(Grant::Own(id)));
+            }
+        }
+        if let Some(id) = self.borrow_segment(req, seg_size, !regrow, peers)? {
             return Ok(Some(Grant::Own(id)));
         }
-        if let Some(ptr) = self.borrow_block(req, peers) {
+        if let Some(ptr) = self.borrow_block(req, !regrow, peers) {
             return Ok(Some(Grant::Lent(ptr)));
         }
         if self.over_budget(seg_size) {
@@ -137,8 +150,10 @@ impl ShardState {
                 return Ok(Some(Grant::Own(id)));
             }
         }
-        if let Some(id) = self.grow(req, seg_size, peers)? {
-            return Ok(Some(Grant::Own(id)));
+        if !regrow {
+            if let Some(id) = self.grow(req, seg_size, peers)? {
+                return Ok(Some(Grant::Own(id)));
+            }
         }
         if let Some(id) = self.release_oversize_and_grow(req, seg_size)? {
             return Ok(Some(Grant::Own(id)));
@@ -165,7 +180,7 @@ impl ShardState {
 
     /// Rung 4: a new segment, after giving back idle empty segments if reserved memory
     /// would pass its high-water mark.
-    fn grow(
+    pub(super) fn grow(
         &mut self,
         req: &Request,
         seg_size: usize,

@@ -7,6 +7,21 @@
 //! its first stream use; freed, it comes back at once, dirty on the borrower.
 //!
 //! Invariant: a lent block is allocated and `stream_uses[0]` is its borrower.
+//!
+//! **A steady borrower grows instead.** A lent block goes back to its lender when
+//! freed, so the borrower's own cache never grows from it: a stream that misses for the
+//! same request at the same phase of every pass of a steady loop would borrow again each
+//! time, with events, forever. So each shard counts the borrows (blocks and segments)
+//! per request size (pool and rounded bytes) since the device last grew other than by
+//! this rule (`Shared::growths`); once a size was borrowed `REPEATS` times in such a
+//! stretch, the next miss for it grows this shard's own cache first (`ladder.rs`) and
+//! borrows only if that fails. Growth elsewhere on the device starts the count again: a
+//! workload still growing (one pass of a trace) keeps lending's memory savings, which
+//! come from borrowing the same sizes again and again (layers); `REPEATS` was chosen on
+//! the derived multi-stream replays (benches/README.md). Memory is short when growth
+//! would pass the reserve budget (then it borrows without trying), the memory fraction
+//! or the device's capacity (the growth fails, and the borrow is not counted): there
+//! lending is kept as before.
 
 use super::ladder::Request;
 use super::Peers;
@@ -17,6 +32,51 @@ use crate::pool::{Block, BlockId, Phase, PoolKind};
 
 /// A lent segment is at most this many times the segment a new allocation would get.
 const LEND_SIZE_FACTOR: usize = 2;
+/// At most this many borrowed request sizes are counted (all are forgotten at once past
+/// it: the table only bounds memory; a steady loop borrows far fewer sizes).
+const BORROWED_SIZES: usize = 1024;
+/// Borrows of one request size, with no other growth on the device, after which a miss
+/// for it grows this shard's cache instead.
+const REPEATS: u32 = 64;
+
+/// Borrows per request size (pool, rounded bytes) by this shard since the device's
+/// `since`-th growth (`Shared::growths`).
+#[derive(Default)]
+pub(crate) struct Borrowed {
+    sizes: rustc_hash::FxHashMap<(PoolKind, usize), u32>,
+    since: u64,
+}
+
+impl Borrowed {
+    /// Forgets the borrows counted before the device's `growths`-th growth.
+    fn age(&mut self, growths: u64) {
+        if self.since != growths {
+            self.sizes.clear();
+            self.since = growths;
+        }
+    }
+
+    /// Counts a borrow for `req`.
+    fn note(&mut self, req: &Request, growths: u64) {
+        self.age(growths);
+        if self.sizes.len() >= BORROWED_SIZES {
+            self.sizes.clear();
+        }
+        *self.sizes.entry((req.kind, req.rounded)).or_default() += 1;
+    }
+
+    /// Whether `req`'s size was borrowed `REPEATS` times since the device last grew;
+    /// if so, forgets them.
+    fn take(&mut self, req: &Request, growths: u64) -> bool {
+        self.age(growths);
+        let key = (req.kind, req.rounded);
+        if self.sizes.get(&key).is_some_and(|&n| n >= REPEATS) {
+            self.sizes.remove(&key);
+            return true;
+        }
+        false
+    }
+}
 
 impl ShardState {
     /// A lent block freed by its borrower: back to this stream's pool at once (the
@@ -46,10 +106,12 @@ impl ShardState {
     /// device allocation, take a wholly free cached segment from another stream's shard.
     /// This stream waits on the device for an event recorded on the lender's stream
     /// (work queued there on the segment finishes first); the host never blocks.
+    /// `remember`: as for `borrow_block`.
     pub(super) fn borrow_segment(
         &mut self,
         req: &Request,
         seg_size: usize,
+        remember: bool,
         peers: &dyn Peers,
     ) -> Result<Option<BlockId>, Error> {
         let (stream, kind) = (req.stream, req.kind);
@@ -65,6 +127,9 @@ impl ShardState {
         let Some((ptr, size)) = lent else {
             return Ok(None);
         };
+        if remember {
+            self.lending.borrowed.note(req, self.shared.growths());
+        }
         self.segment_added(kind, size);
         Ok(Some(
             self.blocks.insert(Block::segment(ptr, size, stream, kind)),
@@ -124,8 +189,14 @@ impl ShardState {
     }
 
     /// Block lending, the borrower's side (`lend_blocks`; never while capturing): another
-    /// stream's free block for this request (see `lend_block`).
-    pub(super) fn borrow_block(&mut self, req: &Request, peers: &dyn Peers) -> Option<DevicePtr> {
+    /// stream's free block for this request (see `lend_block`). `remember`: count the
+    /// borrow for the repeat rule (module doc).
+    pub(super) fn borrow_block(
+        &mut self,
+        req: &Request,
+        remember: bool,
+        peers: &dyn Peers,
+    ) -> Option<DevicePtr> {
         if !self.shared.config.lend_blocks || self.capture.capturing.is_some() {
             return None;
         }
@@ -134,7 +205,17 @@ impl ShardState {
             lent = other.lend_block(req);
             lent.is_none()
         });
+        if lent.is_some() && remember {
+            self.lending.borrowed.note(req, self.shared.growths());
+        }
         lent
+    }
+
+    /// Whether a miss for `req` grows this shard's own cache before borrowing: its size
+    /// was borrowed `REPEATS` times since the device last grew (the count starts again)
+    /// and growth would not pass the reserve budget.
+    pub(super) fn grow_before_borrowing(&mut self, req: &Request, seg_size: usize) -> bool {
+        self.lending.borrowed.take(req, self.shared.growths()) && !self.over_budget(seg_size)
     }
 }
 
@@ -144,6 +225,7 @@ mod tests {
 
     use super::super::testing::{check, device, id_of, Others};
     use super::super::ShardState;
+    use super::REPEATS;
     use crate::device::StreamHandle;
     use crate::stream::UNFENCED;
 
@@ -229,6 +311,102 @@ mod tests {
         );
         let c = sim.counters(0);
         assert_eq!(c.maps, c.unmaps);
+    }
+
+    /// A lender with one free 4 MiB block (in a 20 MiB segment) and a borrower on a
+    /// side stream, with settings `conf` (segment lending off).
+    fn lender_and_borrower(
+        conf: &str,
+    ) -> (
+        std::sync::Arc<crate::device::sim::SimDevice>,
+        RefCell<ShardState>,
+        ShardState,
+    ) {
+        let conf = format!("lend_segments:False,{conf}");
+        let (sim, shared) = device(1 << 30, conf.trim_end_matches(','));
+        let side = sim.create_stream(0).unwrap();
+        let lender = RefCell::new(ShardState::new(StreamHandle::DEFAULT, shared.clone()));
+        {
+            let mut l = lender.borrow_mut();
+            let p = l.malloc(4 << 20, false, &Others(vec![])).unwrap().unwrap();
+            let id = l.ptrs.remove(&p).unwrap();
+            l.free(id);
+        }
+        (sim, lender, ShardState::new(side, shared))
+    }
+
+    /// The borrower allocates 4 MiB and frees it; returns whether the lender served it.
+    fn borrow_and_free(lender: &RefCell<ShardState>, borrower: &mut ShardState) -> bool {
+        let p = borrower
+            .malloc(4 << 20, false, &Others(vec![lender]))
+            .unwrap()
+            .unwrap();
+        if let Some(id) = borrower.ptrs.remove(&p) {
+            borrower.free(id);
+            return false;
+        }
+        let mut l = lender.borrow_mut();
+        let id = l.ptrs.remove(&p).unwrap();
+        l.free(id);
+        true
+    }
+
+    #[test]
+    fn a_steady_borrower_grows_its_own_cache() {
+        let (sim, lender, mut borrower) = lender_and_borrower("");
+        for i in 0..REPEATS {
+            assert!(borrow_and_free(&lender, &mut borrower), "borrow {i}");
+        }
+        assert_eq!(sim.counters(0).mallocs, 1);
+        // The same miss once more: its own segment now, and never a borrow again.
+        assert!(!borrow_and_free(&lender, &mut borrower));
+        assert_eq!(sim.counters(0).mallocs, 2);
+        let records = sim.counters(0).event_records;
+        for _ in 0..REPEATS {
+            assert!(!borrow_and_free(&lender, &mut borrower));
+        }
+        assert_eq!(
+            sim.counters(0).event_records,
+            records,
+            "no event at steady state"
+        );
+        check(&lender.borrow());
+        check(&borrower);
+    }
+
+    #[test]
+    fn growth_elsewhere_starts_the_count_again() {
+        let (sim, lender, mut borrower) = lender_and_borrower("");
+        for _ in 0..REPEATS - 1 {
+            assert!(borrow_and_free(&lender, &mut borrower));
+        }
+        // The lender grows (the workload is not steady): the borrows so far do not count.
+        let q = {
+            let mut l = lender.borrow_mut();
+            l.malloc(30 << 20, false, &Others(vec![])).unwrap().unwrap()
+        };
+        assert_eq!(sim.counters(0).mallocs, 2);
+        for _ in 0..REPEATS {
+            assert!(borrow_and_free(&lender, &mut borrower));
+        }
+        assert_eq!(sim.counters(0).mallocs, 2);
+        assert!(!borrow_and_free(&lender, &mut borrower));
+        assert_eq!(sim.counters(0).mallocs, 3);
+        let mut l = lender.borrow_mut();
+        let id = l.ptrs.remove(&q).unwrap();
+        l.free(id);
+        check(&l);
+    }
+
+    #[test]
+    fn past_the_reserve_budget_a_steady_borrower_keeps_borrowing() {
+        // 20 MiB reserved: one more 20 MiB segment would pass a 30 MiB budget.
+        let (sim, lender, mut borrower) = lender_and_borrower("reserve_budget_mb:30");
+        for i in 0..2 * REPEATS {
+            assert!(borrow_and_free(&lender, &mut borrower), "borrow {i}");
+        }
+        assert_eq!(sim.counters(0).mallocs, 1);
+        check(&lender.borrow());
     }
 
     #[test]

@@ -138,13 +138,16 @@ pub(super) struct Capture {
     pub deferred: Vec<BlockId>,
 }
 
-/// The lender's side of block lending.
+/// Both sides of block lending.
 #[derive(Default)]
 pub(super) struct Lending {
     /// How far the streams this shard lent blocks to have run.
     pub fences: Fences,
     /// Which free blocks streams they were lent to may still use (`Block::dirty`).
     pub dirty: DirtyMarks,
+    /// The borrower's side: borrows per request size since the device last grew
+    /// (`lending.rs`: a steady borrower grows its own cache instead).
+    pub(super) borrowed: lending::Borrowed,
 }
 
 /// Clocks and back-off of reclaiming (idle segments, garbage collection).
