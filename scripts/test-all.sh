@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Runs every test of the project: Rust (unit, integration, doc), C, the real torch_npu
-# against npualloc (downloads the pinned wheels once, cached), Python.
+# Runs every test of the project: Rust (unit, integration, doc), the README's and the
+# guides' commands with the installed tool, C, the real torch_npu against npualloc
+# (downloads the pinned wheels once, cached), Python.
 # Usage: bash scripts/test-all.sh
 #
 # Each crate is compiled once per configuration (see "What the test command compiles" in
 # README.md): `cargo test` (profile test = dev); the C library as users build it
-# (`-p npualloc-ffi`: the core without the tools); the library once more as setuptools-rust
+# (`-p npualloc-ffi`: the core without the tools); the tool in release for the README's
+# first command, which `cargo install` reuses; the library once more as setuptools-rust
 # builds it (`--crate-type cdylib`), last, so nothing after it builds the library again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +27,9 @@ if grep -q Compiling <<<"$log"; then
   echo "test-all: 'cargo build --bin npualloc' compiled again after 'cargo test': its features or flags differ (see serde_core in Cargo.toml)" >&2
   exit 1
 fi
+
+echo "== the README's and the guides' commands (release build, cargo install) =="
+bash scripts/test-docs.sh
 
 if [ -x scripts/test-c.sh ]; then
   echo "== C tests =="
