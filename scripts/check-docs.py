@@ -11,7 +11,7 @@ A checked example is an HTML comment (invisible on GitHub) right before a fenced
 
 The command runs with bash in a scratch folder (default: target/doc-check, inside the
 repository, so `cargo run` finds the workspace) that links the repository's `traces`,
-`examples` and `python` folders, with the --bin-dir folder first on PATH (where
+`examples`, `python`, `scripts` and `docs` folders, with the --bin-dir folder first on PATH (where
 `cargo install --root` put `npualloc`). `<!-- check exit=3: CMD -->` expects that exit
 status (default 0). Its stdout and stderr, together and stripped of trailing blanks,
 must contain the block's lines consecutively, where a line of only `...` stands for any
@@ -33,7 +33,7 @@ import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARKER = re.compile(r"^<!-- check(?: exit=(\d+))?: (.*) -->\s*$")
-LINKED = ["traces", "examples", "python"]
+LINKED = ["traces", "examples", "python", "scripts", "docs"]
 
 
 def examples(path):

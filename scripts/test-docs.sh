@@ -16,7 +16,7 @@ target="${CARGO_TARGET_DIR:-$repo/target}"
 scratch="$target/doc-check"
 rm -rf "$scratch"
 mkdir -p "$scratch"
-for d in traces examples python; do ln -s "$repo/$d" "$scratch/$d"; done
+for d in traces examples python scripts docs; do ln -s "$repo/$d" "$scratch/$d"; done
 
 first=$(python3 scripts/check-docs.py --first-command)
 prefix="cargo run --release --bin npualloc -- "
