@@ -13,11 +13,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 echo "== Rust tests (cargo test --workspace, opt-level 1) =="
-# Doc tests first: the other run's abi_steady_state test builds libnpualloc.so as users
-# do (`cargo build -p npualloc-ffi`), which replaces the workspace build's file of the
-# same name, so a doc-test run after it would compile npualloc-ffi again.
-cargo test --workspace --doc
-cargo test --workspace --all-targets
+# One invocation: unit, integration and doc tests, benches once in test mode (test = true
+# in Cargo.toml), examples built. A separate `cargo test --doc` after it compiled
+# npualloc-ffi again: the abi_steady_state test builds libnpualloc.so as users do
+# (`cargo build -p npualloc-ffi`), replacing the workspace build's file of that name.
+cargo test --workspace
 echo "== cargo build of the tool reuses cargo test's build (nothing compiles) =="
 # Same profile settings (Cargo.toml) and same features (serde_core in Cargo.toml):
 # the dev build of the tool, which the Python and torch_npu suites run, is cargo test's.
