@@ -7,8 +7,14 @@
 # $NPUALLOC_CACHE (default ~/.cache/npualloc), keyed by the pinned versions; never into
 # the system site-packages. If they cannot be fetched this fails, with a message.
 # Usage: bash scripts/test-torch-npu.sh [--install-only | --anchor TRACE... | scenario-name-filter]
+#        bash scripts/test-torch-npu.sh --script FILE [ARG...]
+#          runs a script of yours (e.g. docs/guides/torch_npu/*.py) with that torch_npu, on
+#          the stand-in, in the current folder, with npualloc importable from python/
+#          and the debug libnpualloc.so (PYTHONPATH, NPUALLOC_LIB): the way the guide's
+#          commands were run here
 set -euo pipefail
-cd "$(dirname "$0")/.."
+caller=$PWD
+cd "$(dirname "$(readlink -f "$0")")/.."  # the checkout, also when called through a link
 repo=$PWD
 
 TORCH_VERSION=2.14.0
@@ -64,6 +70,14 @@ export MAX_JOBS=1
 if [ "${1:-}" = "--anchor" ]; then
   shift
   "$venv/bin/python" tests/torch_npu/anchor.py "$@"
+  exit
+fi
+if [ "${1:-}" = "--script" ]; then
+  shift
+  script=$(cd "$caller" && realpath "$1")
+  shift
+  cd "$caller"
+  "$venv/bin/python" "$repo/tests/torch_npu/run.py" --script "$script" "$@"
   exit
 fi
 "$venv/bin/python" tests/torch_npu/run.py "$@"

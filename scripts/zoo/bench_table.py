@@ -126,8 +126,9 @@ def breakdown(binary, traces):
         snap = os.path.join(tmp, "s.json")
         cmd = [binary, "replay", "-q", "--json", "--snapshot", snap, *traces]
         runs = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
-        for i, r in enumerate(runs):
-            path = os.path.join(tmp, f"s-{name(r)}-{i}.json")
+        for r in runs:
+            # The tool names each file after the trace and the run's label ("default").
+            path = os.path.join(tmp, f"s-{name(r)}-{r['label']}.json")
             segs = json.load(open(path))["segments"]
             used = [g for g in segs if g["allocated_size"] > 0]
             large = [g for g in segs if g["segment_type"] == "large"]

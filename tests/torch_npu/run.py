@@ -5,6 +5,8 @@ the stand-in CANN libraries on the library path and the CUDA-key interposer prel
 A scenario passes when it exits 0. One listed in EXPECTED_FAILURES must fail (with the
 reason printed); if it passes, the run fails so the list is kept honest.
 Usage: run.py [name-filter]
+       run.py --script FILE [ARG...]   (one script of yours, in the current folder, with
+       the same environment and npualloc importable from python/; exits with its status)
 """
 
 import os
@@ -43,7 +45,16 @@ def scenario_env():
     return env
 
 
+def run_script(path, args):
+    """Runs a user's script (docs/guides/torch_npu/) on the stand-in, where it is."""
+    env = scenario_env()
+    env["PYTHONPATH"] = os.path.join(os.path.dirname(os.path.dirname(HERE)), "python")
+    sys.exit(subprocess.run([sys.executable, path] + args, env=env, timeout=600).returncode)
+
+
 def main():
+    if sys.argv[1:2] == ["--script"]:
+        run_script(sys.argv[2], sys.argv[3:])
     flt = sys.argv[1] if len(sys.argv) > 1 else ""
     names = sorted(f[:-3] for f in os.listdir(os.path.join(HERE, "scenarios"))
                    if f.endswith(".py") and flt in f)
