@@ -33,7 +33,9 @@ impl ShardState {
         (self.blocks[head].ptr, size)
     }
 
+    /// Every segment with its blocks (the caller completes a deferred merge first).
     pub fn segments(&self) -> Vec<SegmentInfo> {
+        debug_assert!(self.lazy.is_none(), "segments listed with a merge deferred");
         let mut out: Vec<SegmentInfo> = self
             .blocks
             .iter()
