@@ -583,11 +583,7 @@ impl CachingAllocator {
             .shards
             .all()
             .iter()
-            .flat_map(|s| {
-                let mut st = s.state.lock();
-                st.finish_merge();
-                st.segments()
-            })
+            .flat_map(|s| s.state.lock().segments())
             .collect();
         out.sort_by_key(|s| s.address);
         out

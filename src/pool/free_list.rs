@@ -159,34 +159,41 @@ impl FreeList {
 
     /// The smallest cached block of at least `size` bytes.
     pub fn best_fit(&self, size: usize) -> Option<(usize, DevicePtr, BlockId)> {
-        self.find(size, u32::MAX)
-    }
-
-    /// What [`FreeList::best_fit`] would answer after `remove(skip)`, without removing
-    /// it. Exact when `skip`'s bin holds at most [`SCAN_LIMIT`] entries (removing one
-    /// reorders its bin, which then does not matter: best fit scans all of it).
-    pub fn best_fit_without(
-        &self,
-        size: usize,
-        skip: BlockId,
-    ) -> Option<(usize, DevicePtr, BlockId)> {
-        self.find(size, skip as u32)
-    }
-
-    /// Best fit ignoring block `skip`'s entry: the request's own bin, else the first bin
-    /// above with an entry other than `skip`'s (all of whose entries fit).
-    #[inline(always)]
-    fn find(&self, size: usize, skip: u32) -> Option<(usize, DevicePtr, BlockId)> {
         if self.len == 0 {
             return None;
         }
         let (fl, sl) = mapping(size);
         let mut bin = fl * SL + sl;
         loop {
-            if let Some(e) = Self::smallest_fit(&self.bins[bin], size, skip) {
+            if let Some(e) = Self::smallest_fit(&self.bins[bin], size, u32::MAX) {
                 return Some((e.size, e.ptr, e.id as usize));
             }
             bin = self.next_bin(bin)?;
+        }
+    }
+
+    /// Whether best fit for `size` would return a block of `cand` = (size, address)
+    /// were it inserted and block `skip`'s entry removed (`cand` fits `size`): no entry
+    /// of a lower bin fits, and none of its own bin is smaller, or as small at a lower
+    /// address. Exact when every bin is scanned whole (removing an entry then reorders a
+    /// bin without changing what best fit sees).
+    pub fn would_pick(&self, size: usize, cand: (usize, DevicePtr), skip: Option<BlockId>) -> bool {
+        let skip = skip.map_or(u32::MAX, |id| id as u32);
+        let (fl, sl) = mapping(cand.0);
+        let own = fl * SL + sl;
+        let (fl, sl) = mapping(size);
+        let mut bin = fl * SL + sl;
+        loop {
+            if bin > own {
+                return true;
+            }
+            if let Some(e) = Self::smallest_fit(&self.bins[bin], size, skip) {
+                return bin == own && cand < (e.size, e.ptr);
+            }
+            match self.next_bin(bin) {
+                Some(b) => bin = b,
+                None => return true,
+            }
         }
     }
 
@@ -463,24 +470,42 @@ mod tests {
     }
 
     #[test]
-    fn best_fit_without_an_entry_answers_as_after_its_removal() {
+    fn would_pick_answers_as_best_fit_after_the_change() {
         let mut blocks = Slab::new();
         let ids = scattered(&mut blocks, 40);
         // One block alone in its bin: without it, the search goes on to the next bin.
         let alone = block(&mut blocks, 6 << 20, 0x8_0000_0000);
-        for &skip in ids.iter().chain([&alone]) {
-            let (mut with, mut without) = (FreeList::default(), FreeList::default());
-            for &id in ids.iter().chain([&alone]) {
-                with.insert(&mut blocks, id);
-                without.insert(&mut blocks, id);
-            }
-            assert!(without.remove(&mut blocks, skip));
-            for size in (1..96).map(|k| k << 19) {
-                assert_eq!(
-                    with.best_fit_without(size, skip),
-                    without.best_fit(size),
-                    "{size} without block {skip}"
-                );
+        let all: Vec<_> = ids.iter().copied().chain([alone]).collect();
+        let cands = [
+            ((12 << 20) + 4096, 0x1000),
+            ((12 << 20) + 4096, 0xF0_0000_0000),
+            (6 << 20, 0x1000),
+            (20 << 20, 0x1000),
+            (40 << 20, 0xF0_0000_0000),
+            (64 << 20, 0x1000),
+        ];
+        let skips = [None, Some(alone), Some(ids[1]), Some(ids[3]), Some(ids[6])];
+        for skip in skips {
+            for (cs, cp) in cands {
+                let mut list = FreeList::default();
+                let mut after = FreeList::default();
+                let mut b = blocks.clone();
+                let cand = block(&mut b, cs, cp);
+                for &id in &all {
+                    list.insert(&mut b, id);
+                    if Some(id) != skip {
+                        after.insert(&mut b, id);
+                    }
+                }
+                after.insert(&mut b, cand);
+                for size in (1..=(cs >> 19)).map(|k| k << 19) {
+                    let picked = after.best_fit(size).map(|e| e.2) == Some(cand);
+                    assert_eq!(
+                        list.would_pick(size, (cs, cp), skip),
+                        picked,
+                        "{size} for ({cs}, {cp:#x}) without {skip:?}"
+                    );
+                }
             }
         }
     }

@@ -96,8 +96,15 @@ impl ShardState {
         size: usize,
         rounded: usize,
     ) -> BlockId {
-        if self.lazy.as_ref().is_some_and(|p| p.taken) {
-            return self.alloc_unmerged(id, size, rounded);
+        if let Some(m) = self.lazy.filter(|m| m.taken) {
+            if m.has_rest() {
+                return self.alloc_unmerged(id, size, rounded);
+            }
+            // Only its insertion was deferred: out of every list, as best fit leaves it,
+            // with the clocks the insertion would have set.
+            self.lazy = None;
+            let b = &mut self.blocks[id];
+            (b.freed_at, b.gc_count_base) = m.clocks();
         }
         let st = self.blocks[id].kind.stat_type();
         let already_split = self.blocks[id].is_split();
@@ -356,6 +363,7 @@ mod tests {
         );
         assert_eq!(st.acct.stats.inactive_split[0].current, 1);
         free(&mut st, a);
+        st.finish_merge();
         check(&st);
         assert_eq!(st.acct.stats.inactive_split[0].current, 2);
         free(&mut st, b);

@@ -17,9 +17,9 @@
 //!   (`coalesce`, `flush_hot` — before every slow path, cache release and capture —,
 //!   `get_free_block`, other shards' visits, snapshots and the invariant checker);
 //! - `take_unmerged` hands the block out only when best fit over the merged lists
-//!   returns the merged block (`FreeList::best_fit_without` answers for the lists
-//!   without `rest`'s entry, exactly because every bin is scanned whole), the
-//!   max_split rules accept it and it is split. Merging then splitting removes
+//!   returns the merged block (`FreeList::would_pick` answers for the lists with the
+//!   merged block in and `rest`'s entry out, exactly because every bin is scanned
+//!   whole), the max_split rules accept it and it is split. Merging then splitting removes
 //!   `rest`'s entry, pushes the merged block's and pops it again, and pushes the
 //!   remainder's; the remainder keeps the merged block's slab slot (`front`'s) and the
 //!   allocated front takes the slot the merge freed (`rest`'s). `alloc_unmerged` does
@@ -41,8 +41,9 @@ use crate::stats;
 pub(super) struct LazyMerge {
     /// The freed block, in no free list.
     front: BlockId,
-    /// Its free next neighbour, in its free list.
-    rest: BlockId,
+    /// Its free next neighbour, in its free list; `None` when neither neighbour is
+    /// free (only the free-list insertion is deferred).
+    rest: Option<BlockId>,
     /// The malloc and GC clocks at the free (the merged block's `freed_at`,
     /// `gc_count_base`).
     freed_at: u64,
@@ -51,7 +52,28 @@ pub(super) struct LazyMerge {
     pub taken: bool,
 }
 
+impl LazyMerge {
+    /// Whether a merge is deferred, not only an insertion.
+    #[inline]
+    pub fn has_rest(&self) -> bool {
+        self.rest.is_some()
+    }
+
+    /// The malloc and GC clocks of the free (`freed_at`, `gc_count_base`).
+    #[inline]
+    pub fn clocks(&self) -> (u64, u64) {
+        (self.freed_at, self.gc_count_base)
+    }
+}
+
 impl ShardState {
+    /// The deferred merge's (front, rest), if a merge (not only an insertion) is
+    /// deferred.
+    pub(super) fn deferred_pair(&self) -> Option<(BlockId, BlockId)> {
+        let m = self.lazy.as_ref()?;
+        Some((m.front, m.rest?))
+    }
+
     /// Defers the merge of free block `id` (just freed by a caller, its statistics
     /// counted, in no free list) with the free block after it, counting the merge's
     /// statistics now;
@@ -66,14 +88,13 @@ impl ShardState {
             return false;
         }
         let f = &self.blocks[id];
-        let Some(rest) = f.next else {
-            return false;
-        };
-        if f.dirty || f.prev.is_some_and(|p| self.mergeable(p) > 0) || self.mergeable(rest) == 0 {
+        // Large-pool blocks only: small ones have the hot cache, and a small request
+        // taking back the block just freed is rarer (measured on the trace mix).
+        if f.kind != PoolKind::Large || f.dirty || f.prev.is_some_and(|p| self.mergeable(p) > 0) {
             return false;
         }
-        let r = &self.blocks[rest];
-        if r.dirty {
+        let rest = f.next.filter(|&n| self.mergeable(n) > 0);
+        if rest.is_some_and(|r| self.blocks[r].dirty) {
             return false;
         }
         let scanned_whole = self
@@ -83,15 +104,23 @@ impl ShardState {
         if !scanned_whole {
             return false;
         }
-        // `coalesce`'s statistics (its net changes): `rest` is absorbed; the merged
-        // block, if still split, counts instead (net: `front`'s bytes).
+        // `coalesce`'s statistics (its net changes): the block, if split, counts as an
+        // inactive split; a merged `rest` no longer does (net: `front`'s bytes).
         let stats = &mut self.acct.stats;
         let st = f.kind.stat_type();
-        if f.prev.is_some() || r.next.is_some() {
-            stats::increase(&mut stats.inactive_split_bytes, st, f.size);
-        } else {
-            stats::decrease(&mut stats.inactive_split, st, 1);
-            stats::decrease(&mut stats.inactive_split_bytes, st, r.size);
+        match rest.map(|r| &self.blocks[r]) {
+            None if f.is_split() => {
+                stats::increase(&mut stats.inactive_split, st, 1);
+                stats::increase(&mut stats.inactive_split_bytes, st, f.size);
+            }
+            None => {}
+            Some(r) if f.prev.is_some() || r.next.is_some() => {
+                stats::increase(&mut stats.inactive_split_bytes, st, f.size);
+            }
+            Some(r) => {
+                stats::decrease(&mut stats.inactive_split, st, 1);
+                stats::decrease(&mut stats.inactive_split_bytes, st, r.size);
+            }
         }
         self.lazy = Some(LazyMerge {
             front: id,
@@ -115,8 +144,10 @@ impl ShardState {
     #[inline(never)]
     fn merge_now(&mut self, m: LazyMerge) {
         debug_assert!(!m.taken, "a taken block is handed out at once");
-        let absorbed = self.try_merge(m.front, m.rest);
-        debug_assert!(absorbed > 0, "the deferred neighbour stays free");
+        if let Some(rest) = m.rest {
+            let absorbed = self.try_merge(m.front, rest);
+            debug_assert!(absorbed > 0, "the deferred neighbour stays free");
+        }
         self.pool_insert(m.front);
         let b = &mut self.blocks[m.front];
         b.freed_at = m.freed_at;
@@ -124,8 +155,8 @@ impl ShardState {
     }
 
     /// Rung 1 of the ladder, before best fit: the block of the deferred merge, if best
-    /// fit over the merged lists would split this request off the merged block (then
-    /// `alloc_found_block` completes it); else the merge is completed and `None`.
+    /// fit over the merged lists would return the merged block (then
+    /// `alloc_found_block` splits it); else the merge is completed and `None`.
     #[inline]
     pub(super) fn take_unmerged(&mut self, kind: PoolKind, rounded: usize) -> Option<BlockId> {
         self.lazy?;
@@ -150,13 +181,13 @@ impl ShardState {
     }
 
     /// Whether `get_free_block(kind, rounded)` on the merged lists would return the
-    /// merged block, and `alloc_found_block` split it.
+    /// merged block (and, with a merge deferred, `alloc_found_block` split it).
     fn serves(&self, m: &LazyMerge, kind: PoolKind, rounded: usize) -> bool {
-        let (f, r) = (&self.blocks[m.front], &self.blocks[m.rest]);
+        let f = &self.blocks[m.front];
         if f.kind != kind || f.pool != self.route() {
             return false;
         }
-        let merged = f.size + r.size;
+        let merged = f.size + m.rest.map_or(0, |r| self.blocks[r].size);
         if merged < rounded {
             return false;
         }
@@ -168,19 +199,15 @@ impl ShardState {
         if rounded >= max_split && merged >= rounded.saturating_add(config.max_non_split_rounding) {
             return false;
         }
-        if !self.split_rule(f.vm.is_some(), kind, merged, rounded) {
+        if m.rest.is_some() && !self.split_rule(f.vm.is_some(), kind, merged, rounded) {
             return false;
         }
-        let Some(pools) = self.pools.get(&f.pool) else {
-            return false;
-        };
-        // Best fit over the lists without `rest`, against the merged block: smaller
-        // size, then lower address, wins (the bins ascend with size).
-        let list = pools.get(kind);
-        list.len() == 1
-            || list
-                .best_fit_without(rounded, m.rest)
-                .is_none_or(|(size, ptr, _)| (merged, f.ptr) < (size, ptr))
+        // Nothing else cached (the usual case of one large pair), or best fit picks it.
+        self.pools.get(&f.pool).is_some_and(|p| {
+            let list = p.get(kind);
+            list.len() == usize::from(m.rest.is_some())
+                || list.would_pick(rounded, (merged, f.ptr), m.rest)
+        })
     }
 
     /// `alloc_found_block` for the block `take_unmerged` handed out (`id`, the deferred
@@ -190,7 +217,7 @@ impl ShardState {
     pub(super) fn alloc_unmerged(&mut self, id: BlockId, size: usize, rounded: usize) -> BlockId {
         let m = self.lazy.take().expect("a taken deferred merge");
         debug_assert_eq!(m.front, id);
-        let (front, rest) = (m.front, m.rest);
+        let (front, rest) = (m.front, m.rest.expect("a deferred merge"));
         let (f, r) = (&self.blocks[front], &self.blocks[rest]);
         let (base, prev, next) = (f.ptr, f.prev, r.next);
         let already_split = prev.is_some() || next.is_some();
@@ -276,10 +303,10 @@ mod tests {
         let x = st.malloc(2 << 20, false, &NoPeers).unwrap().unwrap();
         let y = st.malloc(2 << 20, false, &NoPeers).unwrap().unwrap();
         assert_eq!((x, y), (a + (8 << 20), a + (10 << 20)));
-        free(&mut st, x); // between two live blocks: cached as it is
-        assert!(st.lazy.is_none());
-        free(&mut st, a); // its merge with x deferred (10 MiB)
-        assert!(st.lazy.is_some());
+        free(&mut st, x); // between two live blocks: only its insertion deferred
+        assert!(st.lazy.is_some_and(|m| !m.has_rest()));
+        free(&mut st, a); // x inserted, then a's merge with x deferred (10 MiB)
+        assert!(st.lazy.is_some_and(|m| m.has_rest()));
         // Best fit for 3 MiB is the 8 MiB tail, not the 10 MiB merged block.
         let e = st.malloc(3 << 20, false, &NoPeers).unwrap().unwrap();
         assert_eq!(e, a + (12 << 20));
@@ -322,13 +349,11 @@ mod tests {
                 live.push(p);
             }
             assert_eq!(lazy.stats_snapshot(), eager.stats_snapshot(), "step {step}");
+            let segments = |st: &ShardState| format!("{:?}", st.segments());
+            assert_eq!(segments(&lazy), segments(&eager), "step {step}: snapshot");
             if step % 7 == 0 {
                 lazy.finish_merge();
-                let segments = |st: &ShardState| format!("{:?}", st.segments());
-                assert_eq!(segments(&lazy), segments(&eager), "step {step}");
                 assert_eq!(lists(&lazy), lists(&eager), "step {step}");
-                let blocks =
-                    |st: &ShardState| format!("{:#?} {}", st.blocks, st.blocks.vacant_key());
                 assert_eq!(blocks(&lazy), blocks(&eager), "step {step}: same slots");
                 check(&lazy);
             }
@@ -341,6 +366,17 @@ mod tests {
             Some(p) => p,
             None => st.malloc(size, true, &NoPeers).unwrap().unwrap(),
         }
+    }
+
+    /// Every block slot, and the slot the next block takes. `bin_pos` is left out of
+    /// blocks handed out: a stale value there means nothing (a deferred insertion
+    /// never set it).
+    fn blocks(st: &ShardState) -> String {
+        let mut blocks = st.blocks.clone();
+        for (_, b) in blocks.iter_mut().filter(|(_, b)| b.is_allocated()) {
+            b.bin_pos = 0;
+        }
+        format!("{:#?} {}", blocks, blocks.vacant_key())
     }
 
     /// Every free-list entry, bin by bin in order.
