@@ -1,8 +1,10 @@
-//! Lazy merge: a caller's free whose block's next neighbour is free may leave the merge
-//! of the two to the shard's next operation. A large malloc+free pair on a cached
-//! segment otherwise splits a block and merges it back every time; when the next
-//! request is served by exactly that merged block, it is split again with no merge,
-//! no slab operation and one free-list entry rewritten in place.
+//! Lazy merge: a caller's free of a large-pool block whose previous neighbour is not free
+//! may leave the merge with its free next neighbour (or, when that one is not free
+//! either, its free-list insertion) to the shard's next operation. A large malloc+free
+//! pair on a cached segment otherwise splits a block and merges it back every time;
+//! when the next request is served by exactly that merged block, it is split again with
+//! no merge, no slab operation and one free-list entry rewritten in place (a block only
+//! waiting for its insertion is handed out as best fit would have returned it).
 //!
 //! Contract: every answer, statistic, snapshot and later decision is exactly what
 //! merging at the free (`coalesce`) gives; the state itself is the same once the merge
@@ -15,7 +17,8 @@
 //!   free would have left, since nothing read or changed the free lists or the slab in
 //!   between: the next operation finishes the merge before anything else reads them
 //!   (`coalesce`, `flush_hot` — before every slow path, cache release and capture —,
-//!   `get_free_block`, other shards' visits, snapshots and the invariant checker);
+//!   `get_free_block`, other shards' visits and the invariant checker; `segments`
+//!   shows a deferred merge done);
 //! - `take_unmerged` hands the block out only when best fit over the merged lists
 //!   returns the merged block (`FreeList::would_pick` answers for the lists with the
 //!   merged block in and `rest`'s entry out, exactly because every bin is scanned
@@ -26,9 +29,10 @@
 //!   the same with `FreeList::replace` and the same two slots, so bins, entry order,
 //!   slots and links end up identical.
 //!
-//! Invariants: at most one merge is deferred, `front` + `rest` (`front.next`); `front`
-//! is free (`Phase::Free`, clean) but in no free list; `rest` is free, clean and in its
-//! free list; `front.prev` is not mergeable; every bin of `rest`'s free list holds fewer
+//! Invariants: at most one merge is deferred, `front` + `rest` (`front.next`, or none);
+//! `front` is a large-pool block, free (`Phase::Free`, clean) but in no free list; `rest`
+//! is free, clean and in its free list; `front.prev` (and, with no `rest`,
+//! `front.next`) is not mergeable; every bin of `rest`'s free list holds fewer
 //! than `SCAN_LIMIT` entries (`FreeList::scanned_whole`), so best fit scans the bins of
 //! `rest` and of the merged block whole, with or without their entries.
 
