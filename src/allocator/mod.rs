@@ -641,7 +641,8 @@ impl CachingAllocator {
         let mut reserved = 0;
         let mut seen = rustc_hash::FxHashSet::default();
         for s in self.shards.all() {
-            let st = s.state.lock();
+            let mut st = s.state.lock();
+            st.finish_merge();
             invariants::check(&st)?;
             if let Some(p) = st.ptrs.keys().find(|&&p| !seen.insert(p)) {
                 return Err(format!("pointer {p:#x} is live in two shards"));
@@ -675,6 +676,7 @@ impl Peers for OtherShards<'_> {
                 continue;
             }
             if let Some(mut st) = s.state.try_lock() {
+                st.finish_merge();
                 if !f(&mut st) {
                     break;
                 }

@@ -10,7 +10,7 @@
 //! Invariants: an entry `(size, ptr, id)` is present exactly when block `id` is free,
 //! belongs to this stream and pool, and has that size and address; the block's
 //! `bin_pos` is the entry's index in its bin; a bitmap bit is set exactly when its bin
-//! is non-empty.
+//! is non-empty; `full_bins` counts the bins of at least [`SCAN_LIMIT`] entries.
 
 use std::num::NonZeroU32;
 
@@ -41,6 +41,8 @@ pub struct FreeList {
     sl_bitmap: [u64; FL],
     fl_bitmap: u64,
     len: usize,
+    /// Bins holding at least [`SCAN_LIMIT`] entries.
+    full_bins: u32,
 }
 
 impl Default for FreeList {
@@ -50,6 +52,7 @@ impl Default for FreeList {
             sl_bitmap: [0; FL],
             fl_bitmap: 0,
             len: 0,
+            full_bins: 0,
         }
     }
 }
@@ -80,6 +83,9 @@ impl FreeList {
             ptr: b.ptr,
             id: id as u32,
         });
+        if bin.len() == SCAN_LIMIT {
+            self.full_bins += 1;
+        }
         self.sl_bitmap[fl] |= 1 << sl;
         self.fl_bitmap |= 1 << fl;
         self.len += 1;
@@ -95,6 +101,9 @@ impl FreeList {
             return false;
         }
         bin.swap_remove(pos);
+        if bin.len() == SCAN_LIMIT - 1 {
+            self.full_bins -= 1;
+        }
         if let Some(moved) = bin.get(pos) {
             blocks[moved.id as usize].bin_pos = pos as u32;
         }
@@ -108,15 +117,44 @@ impl FreeList {
         true
     }
 
-    /// The smallest entry of `bin` of at least `size` bytes (within the scan limit).
-    fn smallest_fit(bin: &[Entry], size: usize) -> Option<&Entry> {
+    /// The smallest entry of `bin` of at least `size` bytes (within the scan limit), other
+    /// than that of block `skip`.
+    #[inline(always)]
+    fn smallest_fit(bin: &[Entry], size: usize, skip: u32) -> Option<&Entry> {
         let mut best: Option<&Entry> = None;
         for e in bin.iter().take(SCAN_LIMIT) {
-            if e.size >= size && best.is_none_or(|b| (e.size, e.ptr) < (b.size, b.ptr)) {
+            if e.size >= size
+                && e.id != skip
+                && best.is_none_or(|b| (e.size, e.ptr) < (b.size, b.ptr))
+            {
                 best = Some(e);
             }
         }
         best
+    }
+
+    /// The next non-empty bin above bin `bin`.
+    #[inline(always)]
+    fn next_bin(&self, bin: usize) -> Option<usize> {
+        let (fl, sl) = (bin / SL, bin % SL);
+        let above = if sl + 1 < SL {
+            self.sl_bitmap[fl] & (!0u64 << (sl + 1))
+        } else {
+            0
+        };
+        if above != 0 {
+            return Some(fl * SL + above.trailing_zeros() as usize);
+        }
+        let higher = if fl + 1 < FL {
+            self.fl_bitmap & (!0u64 << (fl + 1))
+        } else {
+            0
+        };
+        if higher == 0 {
+            return None;
+        }
+        let f = higher.trailing_zeros() as usize;
+        Some(f * SL + self.sl_bitmap[f].trailing_zeros() as usize)
     }
 
     /// The smallest cached block of at least `size` bytes.
@@ -125,30 +163,70 @@ impl FreeList {
             return None;
         }
         let (fl, sl) = mapping(size);
-        if let Some(e) = Self::smallest_fit(&self.bins[fl * SL + sl], size) {
-            return Some((e.size, e.ptr, e.id as usize));
-        }
-        // The next non-empty bin: every block there is larger than `size`.
-        let above = if sl + 1 < SL {
-            self.sl_bitmap[fl] & (!0u64 << (sl + 1))
-        } else {
-            0
-        };
-        let (fl, sl) = if above != 0 {
-            (fl, above.trailing_zeros() as usize)
-        } else {
-            let higher = if fl + 1 < FL {
-                self.fl_bitmap & (!0u64 << (fl + 1))
-            } else {
-                0
-            };
-            if higher == 0 {
-                return None;
+        let mut bin = fl * SL + sl;
+        loop {
+            if let Some(e) = Self::smallest_fit(&self.bins[bin], size, u32::MAX) {
+                return Some((e.size, e.ptr, e.id as usize));
             }
-            let f = higher.trailing_zeros() as usize;
-            (f, self.sl_bitmap[f].trailing_zeros() as usize)
-        };
-        Self::smallest_fit(&self.bins[fl * SL + sl], size).map(|e| (e.size, e.ptr, e.id as usize))
+            bin = self.next_bin(bin)?;
+        }
+    }
+
+    /// Whether best fit for `size` would return a block of `cand` = (size, address)
+    /// were it inserted and block `skip`'s entry removed (`cand` fits `size`): no entry
+    /// of a lower bin fits, and none of its own bin is smaller, or as small at a lower
+    /// address. Exact when every bin is scanned whole (removing an entry then reorders a
+    /// bin without changing what best fit sees).
+    pub fn would_pick(&self, size: usize, cand: (usize, DevicePtr), skip: Option<BlockId>) -> bool {
+        let skip = skip.map_or(u32::MAX, |id| id as u32);
+        let (fl, sl) = mapping(cand.0);
+        let own = fl * SL + sl;
+        let (fl, sl) = mapping(size);
+        let mut bin = fl * SL + sl;
+        loop {
+            if bin > own {
+                return true;
+            }
+            if let Some(e) = Self::smallest_fit(&self.bins[bin], size, skip) {
+                return bin == own && cand < (e.size, e.ptr);
+            }
+            match self.next_bin(bin) {
+                Some(b) => bin = b,
+                None => return true,
+            }
+        }
+    }
+
+    /// Whether every bin holds fewer than [`SCAN_LIMIT`] entries: best fit then scans
+    /// every bin whole, even after one more insertion.
+    #[inline]
+    pub fn scanned_whole(&self) -> bool {
+        self.full_bins == 0
+    }
+
+    /// Block `new` (not in this list, its size and address as they are now) takes the
+    /// place of block `old` (in this list, its size and address as they were
+    /// inserted): the same as `remove(old)` then `insert(new)`, done in place when
+    /// `old`'s entry is last in its bin and `new` belongs in the same bin.
+    pub fn replace(&mut self, blocks: &mut Slab<Block>, old: BlockId, new: BlockId) {
+        let o = &blocks[old];
+        let (from, to) = (mapping(o.size), mapping(blocks[new].size));
+        let pos = o.bin_pos as usize;
+        let bin = &mut self.bins[from.0 * SL + from.1];
+        if from == to && pos + 1 == bin.len() {
+            debug_assert_eq!(bin[pos].id as usize, old);
+            let n = &mut blocks[new];
+            bin[pos] = Entry {
+                size: n.size,
+                ptr: n.ptr,
+                id: new as u32,
+            };
+            n.bin_pos = pos as u32;
+            return;
+        }
+        let present = self.remove(blocks, old);
+        debug_assert!(present, "block {old} was not in this list");
+        self.insert(blocks, new);
     }
 
     /// Every entry, in no particular order.
@@ -188,7 +266,6 @@ impl FreeList {
     }
 
     /// Number of free blocks.
-    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.len
     }
@@ -375,6 +452,118 @@ mod tests {
         }
         assert!(l.is_empty());
         assert_eq!(l.best_fit(1), None);
+    }
+
+    /// Sizes spread over a few bins, several per bin, from a fixed seed.
+    fn scattered(blocks: &mut Slab<Block>, n: usize) -> Vec<BlockId> {
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        (0..n)
+            .map(|i| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let size =
+                    [3usize << 20, 12 << 20, 13 << 20, 40 << 20][i % 4] + ((x as usize % 48) << 9);
+                block(blocks, size, 0x10_0000_0000 + i * (64 << 20))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn would_pick_answers_as_best_fit_after_the_change() {
+        let mut blocks = Slab::new();
+        let ids = scattered(&mut blocks, 40);
+        // One block alone in its bin: without it, the search goes on to the next bin.
+        let alone = block(&mut blocks, 6 << 20, 0x8_0000_0000);
+        let all: Vec<_> = ids.iter().copied().chain([alone]).collect();
+        let cands = [
+            ((12 << 20) + 4096, 0x1000),
+            ((12 << 20) + 4096, 0xF0_0000_0000),
+            (6 << 20, 0x1000),
+            (20 << 20, 0x1000),
+            (40 << 20, 0xF0_0000_0000),
+            (64 << 20, 0x1000),
+        ];
+        let skips = [None, Some(alone), Some(ids[1]), Some(ids[3]), Some(ids[6])];
+        for skip in skips {
+            for (cs, cp) in cands {
+                let mut list = FreeList::default();
+                let mut after = FreeList::default();
+                let mut b = blocks.clone();
+                let cand = block(&mut b, cs, cp);
+                for &id in &all {
+                    list.insert(&mut b, id);
+                    if Some(id) != skip {
+                        after.insert(&mut b, id);
+                    }
+                }
+                after.insert(&mut b, cand);
+                for size in (1..=(cs >> 19)).map(|k| k << 19) {
+                    let picked = after.best_fit(size).map(|e| e.2) == Some(cand);
+                    assert_eq!(
+                        list.would_pick(size, (cs, cp), skip),
+                        picked,
+                        "{size} for ({cs}, {cp:#x}) without {skip:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn replace_is_remove_then_insert() {
+        let mut blocks = Slab::new();
+        let ids = scattered(&mut blocks, 24);
+        let last = *ids.last().unwrap();
+        // (old entry, the new block's size): last in its bin, the new block in the same
+        // bin (done in place) or another; in the middle of its bin, same bin or another.
+        for (old, grow) in [
+            (last, 512),
+            (last, 20 << 20),
+            (ids[2], 512),
+            (ids[2], 9 << 20),
+        ] {
+            let mut copies: Vec<Slab<Block>> = vec![blocks.clone(), blocks.clone()];
+            let (mut a, mut b) = (FreeList::default(), FreeList::default());
+            for &i in &ids {
+                a.insert(&mut copies[0], i);
+                b.insert(&mut copies[1], i);
+            }
+            let (ptr, size) = (copies[0][old].ptr - 512, copies[0][old].size + grow);
+            for c in &mut copies {
+                let new = block(c, size, ptr);
+                assert_eq!(new, 24);
+            }
+            assert!(a.remove(&mut copies[0], old));
+            a.insert(&mut copies[0], 24);
+            b.replace(&mut copies[1], old, 24);
+            let (ea, eb): (Vec<_>, Vec<_>) = (a.iter().collect(), b.iter().collect());
+            assert_eq!(
+                ea, eb,
+                "{old} by {grow}: the same entries in the same order"
+            );
+            for i in ids.iter().copied().chain([24]) {
+                assert_eq!(copies[0][i].bin_pos, copies[1][i].bin_pos, "{i}");
+            }
+            assert!(!b.remove(&mut copies[1], old), "the old entry is gone");
+        }
+    }
+
+    #[test]
+    fn full_bins_are_counted() {
+        let mut blocks = Slab::new();
+        let mut l = FreeList::default();
+        let ids: Vec<_> = (0..SCAN_LIMIT)
+            .map(|i| block(&mut blocks, 4 << 20, 0x1000 * (i + 1)))
+            .collect();
+        for &id in &ids[..SCAN_LIMIT - 1] {
+            l.insert(&mut blocks, id);
+        }
+        assert!(l.scanned_whole());
+        l.insert(&mut blocks, ids[SCAN_LIMIT - 1]);
+        assert!(!l.scanned_whole(), "a bin of SCAN_LIMIT entries");
+        assert!(l.remove(&mut blocks, ids[0]));
+        assert!(l.scanned_whole());
     }
 
     #[test]

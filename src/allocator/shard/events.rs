@@ -30,7 +30,7 @@ impl ShardState {
             return;
         }
         if self.blocks[id].stream_uses.is_empty() {
-            self.free_block(id);
+            self.free_block_deferring(id);
         } else if self.capture.capturing.is_some() {
             // No event calls during a capture: record them when it ends.
             self.blocks[id].add_wait();

@@ -7,7 +7,9 @@
 //! Invariants:
 //! - a free block that is not hot is in exactly one free list, that of its
 //!   (stream, pool tag, kind); hot blocks are only in their stream's hot cache;
-//! - no two free, non-hot neighbours exist (they are merged on insertion);
+//! - no two free, non-hot neighbours exist (they are merged on insertion), but for the
+//!   one pair whose merge a free may defer to the next operation (`lazy_merge.rs`):
+//!   nothing here reads or changes the free lists while a merge is deferred;
 //! - `inactive_split[_bytes]` count the free blocks of split segments, hot ones included.
 
 use super::ShardState;
@@ -18,6 +20,10 @@ use crate::stats::{self, StatType};
 
 impl ShardState {
     pub(super) fn pool_insert(&mut self, id: BlockId) {
+        debug_assert!(
+            self.lazy.is_none(),
+            "free lists changed with a merge deferred"
+        );
         let (gc, now) = (self.reclaim.gc_calls, self.reclaim.malloc_calls);
         let b = &mut self.blocks[id];
         b.gc_count_base = gc;
@@ -30,6 +36,10 @@ impl ShardState {
     }
 
     pub(super) fn pool_remove(&mut self, id: BlockId) {
+        debug_assert!(
+            self.lazy.is_none(),
+            "free lists changed with a merge deferred"
+        );
         let b = &self.blocks[id];
         let (key, kind) = (b.pool, b.kind);
         let removed = match self.pools.get_mut(&key) {
@@ -42,6 +52,7 @@ impl ShardState {
     /// PyTorch's `get_free_block`: best fit in the pool allocations go to now,
     /// honouring max_split_size.
     pub(super) fn get_free_block(&mut self, kind: PoolKind, size: usize) -> Option<BlockId> {
+        self.finish_merge();
         if self.gc_enabled() {
             self.reclaim.gc_calls += 1;
         }
@@ -61,12 +72,18 @@ impl ShardState {
     }
 
     pub(super) fn should_split(&self, block: &Block, rounded: usize) -> bool {
-        let rem = block.size - rounded;
-        if block.vm.is_some() {
+        self.split_rule(block.vm.is_some(), block.kind, block.size, rounded)
+    }
+
+    /// Whether a free block of `size` bytes of pool `kind` (of an expandable segment:
+    /// `vm`) is split to serve `rounded` bytes.
+    pub(super) fn split_rule(&self, vm: bool, kind: PoolKind, size: usize, rounded: usize) -> bool {
+        let rem = size - rounded;
+        if vm {
             // Expandable segments strand nothing by splitting (PyTorch's rule).
             return rem >= MIN_BLOCK;
         }
-        match block.kind {
+        match kind {
             PoolKind::Small => rem >= MIN_BLOCK,
             PoolKind::Large => rounded < self.shared.config.max_split_size && rem > SMALL_SIZE,
         }
@@ -79,6 +96,16 @@ impl ShardState {
         size: usize,
         rounded: usize,
     ) -> BlockId {
+        if let Some(m) = self.lazy.filter(|m| m.taken) {
+            if m.has_rest() {
+                return self.alloc_unmerged(id, size, rounded);
+            }
+            // Only its insertion was deferred: out of every list, as best fit leaves it,
+            // with the clocks the insertion would have set.
+            self.lazy = None;
+            let b = &mut self.blocks[id];
+            (b.freed_at, b.gc_count_base) = m.clocks();
+        }
         let st = self.blocks[id].kind.stat_type();
         let already_split = self.blocks[id].is_split();
         let mut out = id;
@@ -98,18 +125,36 @@ impl ShardState {
             rest.size -= rounded;
             let rest_size = rest.size;
             self.pool_insert(id);
-            if already_split {
-                stats::decrease(&mut self.acct.stats.inactive_split_bytes, st, rounded);
-            } else {
-                stats::increase(&mut self.acct.stats.inactive_split_bytes, st, rest_size);
-                stats::increase(&mut self.acct.stats.inactive_split, st, 1);
-            }
+            self.count_front_split(st, already_split, rounded, rest_size);
             out = front_id;
         } else if already_split {
             let bsize = self.blocks[id].size;
             stats::decrease(&mut self.acct.stats.inactive_split_bytes, st, bsize);
             stats::decrease(&mut self.acct.stats.inactive_split, st, 1);
         }
+        self.count_allocated(out, size)
+    }
+
+    /// The statistics of splitting `rounded` bytes off the front of a free block (of a
+    /// segment split before: `already_split`), leaving `rest_size` bytes free.
+    pub(super) fn count_front_split(
+        &mut self,
+        st: StatType,
+        already_split: bool,
+        rounded: usize,
+        rest_size: usize,
+    ) {
+        if already_split {
+            stats::decrease(&mut self.acct.stats.inactive_split_bytes, st, rounded);
+        } else {
+            stats::increase(&mut self.acct.stats.inactive_split_bytes, st, rest_size);
+            stats::increase(&mut self.acct.stats.inactive_split, st, 1);
+        }
+    }
+
+    /// Block `out` is handed out for a request of `size` bytes: its phase and statistics.
+    pub(super) fn count_allocated(&mut self, out: BlockId, size: usize) -> BlockId {
+        let st = self.blocks[out].kind.stat_type();
         let b = &mut self.blocks[out];
         b.phase = Phase::Allocated;
         b.requested = size;
@@ -128,6 +173,19 @@ impl ShardState {
     /// A block becomes reusable: into its stream's hot cache if there is room, else
     /// into its free list, merged with free neighbours.
     pub(super) fn free_block(&mut self, id: BlockId) {
+        self.release_to_cache(id, false);
+    }
+
+    /// `free_block` for a caller's free, the last step of the operation: the merge
+    /// with the free block after it may be deferred to the shard's next operation
+    /// (`lazy_merge.rs`). Frees inside other operations (events completed, waits) merge
+    /// at once, so no operation meets a merge deferred during itself.
+    pub(super) fn free_block_deferring(&mut self, id: BlockId) {
+        self.release_to_cache(id, true);
+    }
+
+    #[inline(always)]
+    fn release_to_cache(&mut self, id: BlockId, may_defer: bool) {
         let b = &mut self.blocks[id];
         debug_assert!(b.is_free() && b.stream_uses.is_empty());
         let (st, size, requested, split) = (b.kind.stat_type(), b.size, b.requested, b.is_split());
@@ -135,8 +193,9 @@ impl ShardState {
         stats::decrease(&mut self.acct.stats.active, st, 1);
         stats::decrease(&mut self.acct.stats.active_bytes, st, size);
         stats::decrease(&mut self.acct.stats.requested_bytes, st, requested);
-        // Only small-pool blocks: parking large blocks unmerged changes where later
-        // large requests land and costs reserve (measured on the shipped traces).
+        // Only small-pool blocks: keeping large blocks unmerged for reuse changes where
+        // later large requests land and costs reserve (measured on the shipped traces);
+        // their merges are only ever deferred, invisibly (`lazy_merge.rs`).
         let b = &self.blocks[id];
         let small = b.kind == PoolKind::Small
             && b.pool.is_none()
@@ -152,12 +211,16 @@ impl ShardState {
             }
             return;
         }
+        if may_defer && self.defer_merge(id) {
+            return;
+        }
         self.coalesce(id, false);
     }
 
     /// Puts free block `id` in its free list, merged with free neighbours. `counted`:
     /// the block is already counted as an inactive split (it comes from the hot cache).
     pub(super) fn coalesce(&mut self, id: BlockId, counted: bool) {
+        self.finish_merge();
         let b = &self.blocks[id];
         let st = b.kind.stat_type();
         let mut net_blocks: i64 = 0;
@@ -197,6 +260,7 @@ impl ShardState {
 
     /// Moves every hot block into the free lists; returns whether there were any.
     pub fn flush_hot(&mut self) -> bool {
+        self.finish_merge();
         let hot: Vec<BlockId> = self
             .pools
             .values_mut()
@@ -299,6 +363,7 @@ mod tests {
         );
         assert_eq!(st.acct.stats.inactive_split[0].current, 1);
         free(&mut st, a);
+        st.finish_merge();
         check(&st);
         assert_eq!(st.acct.stats.inactive_split[0].current, 2);
         free(&mut st, b);

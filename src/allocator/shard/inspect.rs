@@ -33,7 +33,9 @@ impl ShardState {
         (self.blocks[head].ptr, size)
     }
 
+    /// Every segment with its blocks (a deferred merge shown done, `lazy_merge.rs`).
     pub fn segments(&self) -> Vec<SegmentInfo> {
+        let merged = self.deferred_pair();
         let mut out: Vec<SegmentInfo> = self
             .blocks
             .iter()
@@ -42,7 +44,12 @@ impl ShardState {
                 let mut blocks = Vec::new();
                 let mut cur = Some(head);
                 while let Some(c) = cur {
-                    let blk = &self.blocks[c];
+                    let mut blk = &self.blocks[c];
+                    let mut size = blk.size;
+                    if let Some((_, rest)) = merged.filter(|&(front, _)| front == c) {
+                        size += self.blocks[rest].size;
+                        blk = &self.blocks[rest]; // its `next` follows the merged block
+                    }
                     let state = if blk.is_allocated() {
                         BlockState::ActiveAllocated
                     } else if blk.waits() > 0 {
@@ -51,8 +58,8 @@ impl ShardState {
                         BlockState::Inactive
                     };
                     blocks.push(BlockInfo {
-                        address: blk.ptr,
-                        size: blk.size,
+                        address: self.blocks[c].ptr,
+                        size,
                         requested_size: blk.requested,
                         state,
                         lent_to: blk.borrower(),

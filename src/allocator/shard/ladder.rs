@@ -2,7 +2,8 @@
 //! and growth (PyTorch's `malloc`, with npualloc's rungs in between).
 //!
 //! The rungs, in order (each one only when the ones above found nothing):
-//! 1. **own cache**: the hot cache, then best fit in this stream's free lists;
+//! 1. **own cache**: the hot cache, then best fit in this stream's free lists (first
+//!    the block of a deferred merge, when best fit would split it off the merged block);
 //! 2. **merged cache**: the hot cache merged into the free lists, best fit again;
 //! 3. **lending**: garbage collection (with a memory fraction), a wholly free segment of
 //!    another stream, then a free block of another stream (`lending.rs`); with
@@ -100,6 +101,7 @@ impl ShardState {
     #[inline(always)]
     fn take_own_cache(&mut self, req: &Request) -> Option<BlockId> {
         self.hot_take(req.rounded)
+            .or_else(|| self.take_unmerged(req.kind, req.rounded))
             .or_else(|| self.get_free_block(req.kind, req.rounded))
     }
 

@@ -5,6 +5,7 @@
 //! |---|---|
 //! | `ladder.rs` | the malloc ladder: own cache → lending → grow → release and grow |
 //! | `free_lists.rs` | best fit, split, hot cache, merge; block statistics |
+//! | `lazy_merge.rs` | a free's merge deferred to the next operation, invisibly |
 //! | `events.rs` | frees, `record_stream`, cross-stream events, parked frees |
 //! | `ordering.rs` | device-side waits between streams, fences, dirty marks (shared by lending and release) |
 //! | `lending.rs` | lending segments and blocks to other streams' shards |
@@ -29,12 +30,14 @@ mod expandable;
 mod free_lists;
 mod inspect;
 mod ladder;
+mod lazy_merge;
 mod lending;
 mod ordering;
 mod pressure;
 mod release;
 
 pub use capture::PrivatePool;
+use lazy_merge::LazyMerge;
 
 use rustc_hash::FxHashSet;
 use std::sync::Arc;
@@ -99,6 +102,11 @@ pub(super) struct ShardState {
     pub lending: Lending,
     /// The clocks and back-off of giving memory back (`release.rs`).
     pub reclaim: Reclaim,
+    /// The merge a free deferred to the next operation, if any (`lazy_merge.rs`).
+    lazy: Option<LazyMerge>,
+    /// Tests only: merge at every free (the reference the lazy merge is compared with).
+    #[cfg(test)]
+    eager_merge: bool,
 }
 
 /// What the shard holds, counted as PyTorch's statistics.
@@ -184,6 +192,9 @@ impl ShardState {
             capture: Capture::default(),
             lending: Lending::default(),
             reclaim: Reclaim::default(),
+            lazy: None,
+            #[cfg(test)]
+            eager_merge: false,
         }
     }
 
@@ -245,9 +256,11 @@ pub(super) mod testing {
         st.free(id);
     }
 
-    /// Panics with the broken invariant, if any.
+    /// Panics with the broken invariant, if any. A deferred merge must be completed
+    /// first (`finish_merge`), as `CachingAllocator::check_invariants` does.
     #[track_caller]
     pub fn check(st: &ShardState) {
+        assert!(st.lazy.is_none(), "a merge is deferred: finish_merge first");
         if let Err(e) = crate::allocator::invariants::check(st) {
             panic!("invariant broken: {e}");
         }
@@ -260,6 +273,7 @@ pub(super) mod testing {
         fn visit(&self, f: &mut dyn FnMut(&mut ShardState) -> bool) {
             for s in &self.0 {
                 if let Ok(mut st) = s.try_borrow_mut() {
+                    st.finish_merge();
                     if !f(&mut st) {
                         break;
                     }
