@@ -370,6 +370,8 @@ mod tests {
             records,
             "no event at steady state"
         );
+        lender.borrow_mut().finish_merge();
+        borrower.finish_merge();
         check(&lender.borrow());
         check(&borrower);
     }
@@ -395,6 +397,7 @@ mod tests {
         let mut l = lender.borrow_mut();
         let id = l.ptrs.remove(&q).unwrap();
         l.free(id);
+        l.finish_merge();
         check(&l);
     }
 
@@ -406,6 +409,7 @@ mod tests {
             assert!(borrow_and_free(&lender, &mut borrower), "borrow {i}");
         }
         assert_eq!(sim.counters(0).mallocs, 1);
+        lender.borrow_mut().finish_merge();
         check(&lender.borrow());
     }
 
