@@ -333,7 +333,7 @@ mod tests {
         eager.eager_merge = true;
         let mut x = seed;
         let mut live: Vec<DevicePtr> = Vec::new();
-        for step in 0..1500 {
+        for step in 0..STEPS {
             x = x
                 .wrapping_mul(6364136223846793005)
                 .wrapping_add(1442695040888963407);
@@ -391,7 +391,16 @@ mod tests {
             .collect()
     }
 
+    /// Random runs per setting, and operations per run (few under Miri, which
+    /// interprets every step: the full count there took more than 10 minutes).
+    const SEEDS: u64 = if cfg!(miri) { 1 } else { 4 };
+    const STEPS: usize = if cfg!(miri) { 120 } else { 1500 };
+
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "thousands of interpreted allocator steps: over 10 minutes"
+    )]
     fn deferring_merges_changes_nothing_observable() {
         for conf in [
             "",
@@ -400,7 +409,7 @@ mod tests {
             "max_split_size_mb:20",
             "expandable_segments:True",
         ] {
-            for seed in 1..=4 {
+            for seed in 1..=SEEDS {
                 same_as_merging_at_once(conf, seed);
             }
         }

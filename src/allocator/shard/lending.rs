@@ -352,6 +352,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "64+ borrows with events, interpreted: minutes")]
     fn a_steady_borrower_grows_its_own_cache() {
         let (sim, lender, mut borrower) = lender_and_borrower("");
         for i in 0..REPEATS {
@@ -377,6 +378,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "64+ borrows with events, interpreted: minutes")]
     fn growth_elsewhere_starts_the_count_again() {
         let (sim, lender, mut borrower) = lender_and_borrower("");
         for _ in 0..REPEATS - 1 {
@@ -402,6 +404,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "64+ borrows with events, interpreted: minutes")]
     fn past_the_reserve_budget_a_steady_borrower_keeps_borrowing() {
         // 20 MiB reserved: one more 20 MiB segment would pass a 30 MiB budget.
         let (sim, lender, mut borrower) = lender_and_borrower("reserve_budget_mb:30");
