@@ -226,22 +226,18 @@ mod tests {
     use super::super::testing::{check, device, id_of, Others};
     use super::super::ShardState;
     use super::REPEATS;
-    use crate::device::StreamHandle;
+    use crate::device::{DevicePtr, StreamHandle};
     use crate::stream::UNFENCED;
 
     #[test]
     fn a_free_block_is_lent_and_comes_back_dirty() {
-        let (sim, shared) = device(1 << 30, "lend_segments:False");
-        let side = sim.create_stream(0).unwrap();
-        let lender = RefCell::new(ShardState::new(StreamHandle::DEFAULT, shared.clone()));
-        let mut borrower = ShardState::new(side, shared);
-        let p = {
-            let mut l = lender.borrow_mut();
-            let p = l.malloc(4 << 20, false, &Others(vec![])).unwrap().unwrap();
-            let id = l.ptrs.remove(&p).unwrap();
-            l.free(id);
-            p
-        };
+        let Setup {
+            sim,
+            side,
+            lender,
+            mut borrower,
+            freed: p,
+        } = lender_and_borrower("lend_segments:False");
         let q = borrower
             .malloc(4 << 20, false, &Others(vec![&lender]))
             .unwrap()
@@ -279,16 +275,13 @@ mod tests {
     /// synchronisation, so its pages were never unmapped.
     #[test]
     fn a_block_freed_without_a_fence_goes_back_at_the_next_full_synchronisation() {
-        let (sim, shared) = device(1 << 30, "expandable_segments:True");
-        let side = sim.create_stream(0).unwrap();
-        let lender = RefCell::new(ShardState::new(StreamHandle::DEFAULT, shared.clone()));
-        let mut borrower = ShardState::new(side, shared);
-        {
-            let mut l = lender.borrow_mut();
-            let p = l.malloc(4 << 20, false, &Others(vec![])).unwrap().unwrap();
-            let id = l.ptrs.remove(&p).unwrap();
-            l.free(id);
-        }
+        let Setup {
+            sim,
+            side,
+            lender,
+            mut borrower,
+            ..
+        } = lender_and_borrower("expandable_segments:True");
         let q = borrower
             .malloc(4 << 20, false, &Others(vec![&lender]))
             .unwrap()
@@ -313,26 +306,36 @@ mod tests {
         assert_eq!(c.maps, c.unmaps);
     }
 
-    /// A lender with one free 4 MiB block (in a 20 MiB segment) and a borrower on a
-    /// side stream, with settings `conf` (segment lending off).
-    fn lender_and_borrower(
-        conf: &str,
-    ) -> (
-        std::sync::Arc<crate::device::sim::SimDevice>,
-        RefCell<ShardState>,
-        ShardState,
-    ) {
-        let conf = format!("lend_segments:False,{conf}");
-        let (sim, shared) = device(1 << 30, conf.trim_end_matches(','));
+    /// A lender on the default stream holding one free 4 MiB block (in a 20 MiB
+    /// segment), and a borrower on a side stream, with settings `conf`.
+    struct Setup {
+        sim: std::sync::Arc<crate::device::sim::SimDevice>,
+        side: StreamHandle,
+        lender: RefCell<ShardState>,
+        borrower: ShardState,
+        /// The lender's free block.
+        freed: DevicePtr,
+    }
+
+    fn lender_and_borrower(conf: &str) -> Setup {
+        let (sim, shared) = device(1 << 30, conf);
         let side = sim.create_stream(0).unwrap();
         let lender = RefCell::new(ShardState::new(StreamHandle::DEFAULT, shared.clone()));
-        {
+        let freed = {
             let mut l = lender.borrow_mut();
             let p = l.malloc(4 << 20, false, &Others(vec![])).unwrap().unwrap();
             let id = l.ptrs.remove(&p).unwrap();
             l.free(id);
+            p
+        };
+        let borrower = ShardState::new(side, shared);
+        Setup {
+            sim,
+            side,
+            lender,
+            borrower,
+            freed,
         }
-        (sim, lender, ShardState::new(side, shared))
     }
 
     /// The borrower allocates 4 MiB and frees it; returns whether the lender served it.
@@ -354,7 +357,12 @@ mod tests {
     #[test]
     #[cfg_attr(miri, ignore = "64+ borrows with events, interpreted: minutes")]
     fn a_steady_borrower_grows_its_own_cache() {
-        let (sim, lender, mut borrower) = lender_and_borrower("");
+        let Setup {
+            sim,
+            lender,
+            mut borrower,
+            ..
+        } = lender_and_borrower("lend_segments:False");
         for i in 0..REPEATS {
             assert!(borrow_and_free(&lender, &mut borrower), "borrow {i}");
         }
@@ -380,7 +388,12 @@ mod tests {
     #[test]
     #[cfg_attr(miri, ignore = "64+ borrows with events, interpreted: minutes")]
     fn growth_elsewhere_starts_the_count_again() {
-        let (sim, lender, mut borrower) = lender_and_borrower("");
+        let Setup {
+            sim,
+            lender,
+            mut borrower,
+            ..
+        } = lender_and_borrower("lend_segments:False");
         for _ in 0..REPEATS - 1 {
             assert!(borrow_and_free(&lender, &mut borrower));
         }
@@ -407,7 +420,12 @@ mod tests {
     #[cfg_attr(miri, ignore = "64+ borrows with events, interpreted: minutes")]
     fn past_the_reserve_budget_a_steady_borrower_keeps_borrowing() {
         // 20 MiB reserved: one more 20 MiB segment would pass a 30 MiB budget.
-        let (sim, lender, mut borrower) = lender_and_borrower("reserve_budget_mb:30");
+        let Setup {
+            sim,
+            lender,
+            mut borrower,
+            ..
+        } = lender_and_borrower("lend_segments:False,reserve_budget_mb:30");
         for i in 0..2 * REPEATS {
             assert!(borrow_and_free(&lender, &mut borrower), "borrow {i}");
         }
@@ -418,16 +436,12 @@ mod tests {
 
     #[test]
     fn a_wholly_free_segment_moves_to_the_borrower() {
-        let (sim, shared) = device(1 << 30, "");
-        let side = sim.create_stream(0).unwrap();
-        let lender = RefCell::new(ShardState::new(StreamHandle::DEFAULT, shared.clone()));
-        let mut borrower = ShardState::new(side, shared);
-        {
-            let mut l = lender.borrow_mut();
-            let p = l.malloc(4 << 20, false, &Others(vec![])).unwrap().unwrap();
-            let id = l.ptrs.remove(&p).unwrap();
-            l.free(id);
-        }
+        let Setup {
+            sim,
+            lender,
+            mut borrower,
+            ..
+        } = lender_and_borrower("");
         borrower
             .malloc(4 << 20, false, &Others(vec![&lender]))
             .unwrap()
