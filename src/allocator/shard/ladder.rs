@@ -315,6 +315,7 @@ impl ShardState {
         Error::OutOfMemory {
             requested: size,
             message: oom::message(
+                self.dev.name(),
                 index,
                 size,
                 seg_size,
