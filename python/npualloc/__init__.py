@@ -92,41 +92,62 @@ def _torch_npu_dir():
     return os.path.dirname(os.path.abspath(torch_npu.__file__))
 
 
-def _build_shim(lib_path):
-    """Compiles (once, cached by torch under TORCH_EXTENSIONS_DIR) the C++ shim that
-    adapts torch_npu's C++-typed hooks (NPUStream, DeviceStats, MempoolId_t) to the C
-    ABI. Needs a C++20 compiler and ninja (a dependency of this package)."""
-    from torch.utils import cpp_extension
-
+def _include_dir():
+    """The folder holding npualloc.h: the repository's include/, else the package's."""
     here = os.path.dirname(os.path.abspath(__file__))
     include = os.path.join(os.path.dirname(os.path.dirname(here)), "include")
     if not os.path.isfile(os.path.join(include, "npualloc.h")):
         include = os.path.join(here, "include")
-    tnpu = _torch_npu_dir()
-    # torch_npu's own extension helper (torch_npu.utils.cpp_extension.NpuExtension) uses
-    # these two folders; the first also holds the CANN headers (acl/acl_rt.h).
-    includes = [include, os.path.join(tnpu, "include"),
-                os.path.join(tnpu, "include", "third_party", "hccl", "inc")]
-    tnpu_lib = os.path.join(tnpu, "lib")
-    ldflags = [lib_path, "-Wl,-rpath," + os.path.dirname(os.path.abspath(lib_path)),
-               "-L" + tnpu_lib, "-ltorch_npu", "-Wl,-rpath," + tnpu_lib]
-    ascend = os.environ.get("ASCEND_HOME_PATH")
-    if ascend and os.path.isfile(os.path.join(ascend, "lib64", "libascendcl.so")):
-        ldflags += ["-L" + os.path.join(ascend, "lib64"), "-lascendcl"]
-    # Otherwise the ACL functions resolve through libtorch_npu's own libascendcl.
+    return include
+
+
+def _compile(name, source, lib_path, includes, ldflags, why):
+    """Compiles (once, cached by torch under TORCH_EXTENSIONS_DIR) a C++ shim over
+    libnpualloc at `lib_path` with torch.utils.cpp_extension; returns the module."""
+    from torch.utils import cpp_extension
+
+    here = os.path.dirname(os.path.abspath(__file__))
     try:
         cpp_extension.verify_ninja_availability()
     except RuntimeError as e:
-        raise NpuallocError("npualloc.install() builds a small C++ shim with "
-                            "torch.utils.cpp_extension, which needs ninja: pip install ninja") from e
+        raise NpuallocError("%s builds a small C++ shim with torch.utils.cpp_extension, "
+                            "which needs ninja: pip install ninja" % why) from e
+    ldflags = [lib_path, "-Wl,-rpath," + os.path.dirname(os.path.abspath(lib_path))] + ldflags
     return cpp_extension.load(
-        name="npualloc_torch_npu_shim",
-        sources=[os.path.join(here, "csrc", "torch_npu_shim.cpp")],
-        extra_include_paths=includes,
+        name=name,
+        sources=[os.path.join(here, "csrc", source)],
+        extra_include_paths=[_include_dir()] + includes,
         extra_cflags=["-std=c++20"],
         extra_ldflags=ldflags,
         verbose=os.environ.get("NPUALLOC_VERBOSE_BUILD") == "1",
     )
+
+
+def _build_shim(lib_path):
+    """The C++ shim that adapts torch_npu's C++-typed hooks (NPUStream, DeviceStats,
+    MempoolId_t) to the C ABI. Needs a C++20 compiler and ninja (a dependency of this
+    package)."""
+    tnpu = _torch_npu_dir()
+    # torch_npu's own extension helper (torch_npu.utils.cpp_extension.NpuExtension) uses
+    # these two folders; the first also holds the CANN headers (acl/acl_rt.h).
+    includes = [os.path.join(tnpu, "include"),
+                os.path.join(tnpu, "include", "third_party", "hccl", "inc")]
+    tnpu_lib = os.path.join(tnpu, "lib")
+    ldflags = ["-L" + tnpu_lib, "-ltorch_npu", "-Wl,-rpath," + tnpu_lib]
+    ascend = os.environ.get("ASCEND_HOME_PATH")
+    if ascend and os.path.isfile(os.path.join(ascend, "lib64", "libascendcl.so")):
+        ldflags += ["-L" + os.path.join(ascend, "lib64"), "-lascendcl"]
+    # Otherwise the ACL functions resolve through libtorch_npu's own libascendcl.
+    return _compile("npualloc_torch_npu_shim", "torch_npu_shim.cpp", lib_path, includes,
+                    ldflags, "npualloc.install()")
+
+
+def _build_cuda_shim(lib_path):
+    """The C++ shim whose malloc turns a failed npualloc_malloc into torch's error
+    (torch.OutOfMemoryError for out of memory): torch.cuda would use a NULL as an
+    address."""
+    return _compile("npualloc_cuda_shim", "cuda_shim.cpp", lib_path, [], [],
+                    "npualloc.install_cuda()")
 
 
 def _set_env(backend, conf):
@@ -134,20 +155,6 @@ def _set_env(backend, conf):
     os.environ.setdefault("NPUALLOC_BACKEND", backend)
     if conf is not None:
         os.environ["NPUALLOC_CONF"] = conf
-
-
-def _pluggable(cls, reset_fn):
-    """A torch pluggable allocator of class `cls` over libnpualloc, with the entry
-    points both torch_npu and torch.cuda take: (path, lib, pluggable, its allocator)."""
-    path = library_path()
-    lib = load(path)
-    pluggable = cls(path, "npualloc_malloc", "npualloc_free")
-    alloc = pluggable.allocator()
-    alloc.set_init_fn(address(lib, "npualloc_init"))
-    alloc.set_reset_fn(address(lib, reset_fn))
-    alloc.set_memory_fraction_fn(address(lib, "npualloc_set_memory_fraction"))
-    alloc.set_base_alloc_fn(address(lib, "npualloc_base_alloc"))
-    return path, lib, pluggable, alloc
 
 
 def install(backend="acl", conf=None):
@@ -190,14 +197,22 @@ def install(backend="acl", conf=None):
 
 def install_cuda(conf=None):
     """Makes npualloc torch's CUDA allocator (CUDAPluggableAllocator), on the CUDA
-    backend. Must run before CUDA is initialised. Returns the pluggable allocator."""
+    backend. Must run before CUDA is initialised. Builds a small C++ shim (once) so
+    that out of memory raises torch.OutOfMemoryError. Returns the pluggable allocator."""
     _set_env("cuda", conf)
     from torch.cuda import memory as cuda_memory
 
-    _, lib, pluggable, alloc = _pluggable(
-        cuda_memory.CUDAPluggableAllocator, "npualloc_empty_cache_all"
-    )
-    # torch.cuda's record-stream setter takes a plain cudaStream_t: no shim needed.
+    path = library_path()
+    lib = load(path)
+    shim = _build_cuda_shim(path)
+    pluggable = cuda_memory.CUDAPluggableAllocator(shim.__file__, "npualloc_cuda_shim_malloc",
+                                                   "npualloc_cuda_shim_free")
+    alloc = pluggable.allocator()
+    alloc.set_init_fn(address(lib, "npualloc_init"))
+    alloc.set_reset_fn(address(lib, "npualloc_empty_cache_all"))
+    alloc.set_memory_fraction_fn(address(lib, "npualloc_set_memory_fraction"))
+    alloc.set_base_alloc_fn(address(lib, "npualloc_base_alloc"))
+    # torch.cuda's other hooks take plain C types: they go straight to the C ABI.
     alloc.set_record_stream_fn(address(lib, "npualloc_record_stream"))
     _swap(cuda_memory.change_current_allocator, pluggable)
     return pluggable
