@@ -24,4 +24,4 @@ if ! nm -D --defined-only "$lib" 2>/dev/null | grep -q ' npualloc_malloc$'; then
   exit 2
 fi
 export NPUALLOC_LIB="$lib" NPUALLOC_BACKEND=cuda
-python3 scripts/gpu_check.py
+python3 scripts/gpu_check.py "$@"

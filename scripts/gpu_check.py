@@ -2,19 +2,36 @@
 
 Run through scripts/gpu-check.sh. Each measurement runs in a fresh process, because an
 allocator can only be swapped before CUDA initialises:
-  python scripts/gpu_check.py --mode native|npualloc   -> one JSON line of results
-  python scripts/gpu_check.py                            -> runs A/B/A/B and prints a table
+  python scripts/gpu_check.py --mode MODE        -> one JSON line of results
+  python scripts/gpu_check.py [--json FILE]      -> runs every mode, prints a table
+Modes: native (PyTorch's own caching allocator), npualloc, npualloc-expandable (the
+CUDA driver's virtual memory), npualloc-norecord (negative control: npualloc with
+record_stream ignored, so the stream checks must see wrong results), and oom-<mode>
+(the memory fraction and the device's own out-of-memory, then recovery).
 """
 
 import argparse
+import ctypes
 import json
 import os
+import random
 import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
+
+# Statistics whose meaning does not depend on the caching policy: with the same
+# sequence of requests they must equal PyTorch's own, to the byte. (Requested and
+# active bytes also count blocks whose recorded streams have not yet been seen done, so
+# their peaks vary from run to run with PyTorch's own allocator: not compared.)
+POLICY_FREE_STATS = [
+    "allocated_bytes.all.current", "allocated_bytes.all.peak",
+    "allocated_bytes.all.allocated", "allocated_bytes.all.freed",
+    "requested_bytes.all.allocated", "allocation.all.allocated", "allocation.all.peak",
+    "allocated_bytes.small_pool.peak", "allocated_bytes.large_pool.peak",
+]
 
 
 def seed_scenario(torch, runs=200):
@@ -39,6 +56,45 @@ def seed_scenario(torch, runs=200):
         wrong += int(not bool((b == 1).all()))
         del b, c, y
     return wrong
+
+
+def stream_stress(torch, steps=600, seed=1):
+    """Four streams, random sizes (512 B to 24 MiB): a tensor filled with a stamp on
+    its stream s is read by another stream u after a slow matmul chain (record_stream
+    on u), then freed at once, and a tensor of the same size is taken on s and filled
+    with -1 (where an allocator that forgot u would hand out the same memory). Every
+    read must see its own stamp: returns the number of wrong reads and of reads."""
+    rng = random.Random(seed)
+    streams = [torch.cuda.Stream() for _ in range(4)]
+    x = torch.randn(2048, 2048, device="cuda") / 64
+    checks = []
+    live = []
+    for step in range(steps):
+        s = rng.choice(streams)
+        n = rng.choice([128, 1000, 4096, 65536, 1 << 20, 3 << 20, 6 << 20])
+        stamp = float(step % 1000 + 1)
+        with torch.cuda.stream(s):
+            t = torch.full((n,), stamp, device="cuda")
+        if rng.random() < 0.4:
+            u = rng.choice([o for o in streams if o is not s])
+            u.wait_stream(s)
+            with torch.cuda.stream(u):
+                y = x
+                for _ in range(rng.choice([2, 6, 12])):
+                    y = y @ x
+                got = t[:128].sum() + 0 * y[0, 0]
+            t.record_stream(u)
+            checks.append((stamp * 128, got))
+            del t, y
+            with torch.cuda.stream(s):
+                live.append(torch.full((n,), -1.0, device="cuda"))
+        else:
+            live.append(t)
+        if len(live) > 24:
+            live.pop(rng.randrange(len(live)))
+    torch.cuda.synchronize()
+    wrong = sum(int(float(got) != want) for want, got in checks)
+    return wrong, len(checks)
 
 
 def train_steps(torch, steps=20):
@@ -76,45 +132,150 @@ def empty_timing(torch, n=20000):
     return (time.perf_counter() - t0) / n
 
 
-def one(mode):
-    if mode == "npualloc-expandable":
+def install(mode):
+    """Sets up the allocator of `mode` before torch touches CUDA; returns the npualloc
+    library handle (None for PyTorch's own allocator)."""
+    if "expandable" in mode:
         # Virtual-memory segments through the CUDA driver API (cuMemCreate/cuMemMap).
         os.environ["NPUALLOC_CONF"] = "expandable_segments:True"
-    if mode.startswith("npualloc"):
+    if "npualloc" not in mode:
+        return None
+    import npualloc
+    pluggable = npualloc.install_cuda()
+    if "norecord" in mode:
+        # Negative control: record_stream reaches a function that does nothing.
+        global _NOOP
+        _NOOP = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)(lambda p, s: None)
+        pluggable.allocator().set_record_stream_fn(ctypes.cast(_NOOP, ctypes.c_void_p).value)
+    return npualloc.load()
+
+
+def stats_of(torch, lib):
+    if lib is None:
+        s = torch.cuda.memory_stats()
+    else:
         import npualloc
-        npualloc.install_cuda()
+        s = npualloc.memory_stats(0, lib)
+    keys = POLICY_FREE_STATS + ["reserved_bytes.all.peak", "num_device_alloc",
+                                "num_alloc_retries", "num_ooms"]
+    return {k: s.get(k) for k in keys}
+
+
+def one(mode):
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    lib = install(mode)
     import torch
     torch.use_deterministic_algorithms(True)
-    wrong = seed_scenario(torch)
-    empty_s = empty_timing(torch)
+    if mode.startswith("oom-"):
+        return print(json.dumps(oom_check(torch, mode, lib)))
+    out = {"mode": mode, "device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    out["seed_wrong_runs"] = seed_scenario(torch)
+    out["stress_wrong"], out["stress_reads"] = stream_stress(torch)
+    if "norecord" in mode:
+        return print(json.dumps(out))
+    out["empty_ns"] = empty_timing(torch) * 1e9
     losses, times, peak = train_steps(torch)
     times.sort()
-    print(json.dumps({"mode": mode, "seed_wrong_runs": wrong, "empty_ns": empty_s * 1e9,
-                      "step_ms_median": times[len(times) // 2] * 1e3, "losses": losses,
-                      "peak_used_bytes": peak}))
+    out.update({"step_ms_median": times[len(times) // 2] * 1e3, "losses": losses,
+                "peak_used_bytes": peak, "stats": stats_of(torch, lib)})
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info()
+    out["used_after_empty_cache"] = total - free
+    print(json.dumps(out))
+
+
+def oom_check(torch, mode, lib):
+    """A memory fraction that a request passes must raise OutOfMemoryError; so must a
+    request larger than the device; afterwards allocation works again."""
+    r = {"mode": mode}
+    total = torch.cuda.mem_get_info()[1]
+    torch.cuda.set_per_process_memory_fraction(0.02)
+    keep = torch.empty(int(total * 0.01), dtype=torch.uint8, device="cuda")
+    try:
+        torch.empty(int(total * 0.02), dtype=torch.uint8, device="cuda")
+        r["fraction"] = "no error"
+    except torch.OutOfMemoryError as e:
+        r["fraction"] = "OutOfMemoryError: " + str(e).splitlines()[0][:240]
+    except Exception as e:  # noqa: BLE001 - reported, not hidden
+        r["fraction"] = "%s: %s" % (type(e).__name__, str(e)[:240])
+    torch.cuda.set_per_process_memory_fraction(1.0)
+    try:
+        torch.empty(total * 2, dtype=torch.uint8, device="cuda")
+        r["device"] = "no error"
+    except torch.OutOfMemoryError as e:
+        r["device"] = "OutOfMemoryError: " + str(e).splitlines()[0][:240]
+    except Exception as e:  # noqa: BLE001
+        r["device"] = "%s: %s" % (type(e).__name__, str(e)[:240])
+    big = torch.ones(int(total * 0.2), dtype=torch.uint8, device="cuda")
+    r["after"] = bool(int(big[-1]) == 1 and int(keep.numel()) > 0)
+    del big, keep
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info()
+    r["used_after_empty_cache"] = total - free
+    if lib is not None:
+        r["stats"] = stats_of(torch, lib)
+    return r
+
+
+MODES = ["native", "npualloc", "npualloc-expandable"]
+CONTROLS = ["npualloc-norecord", "oom-native", "oom-npualloc", "oom-npualloc-expandable"]
+
+
+def run_mode(mode):
+    p = subprocess.run([sys.executable, __file__, "--mode", mode], capture_output=True,
+                       text=True, timeout=300)
+    lines = p.stdout.strip().splitlines()
+    if p.returncode != 0 or not lines:
+        return {"mode": mode, "failed": p.returncode, "stderr": p.stderr[-2000:]}
+    return json.loads(lines[-1])
 
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--mode", choices=["native", "npualloc", "npualloc-expandable"])
+    p.add_argument("--mode", choices=MODES + CONTROLS)
+    p.add_argument("--json", help="also write every result to this file")
     args = p.parse_args()
     if args.mode:
         return one(args.mode)
-    results = []
-    modes = ["native", "npualloc", "npualloc-expandable"]
-    for mode in modes + modes:
-        out = subprocess.run([sys.executable, __file__, "--mode", mode], check=True,
-                             capture_output=True, text=True).stdout.strip().splitlines()[-1]
-        results.append(json.loads(out))
-    print("%-20s %12s %14s %14s %16s" % ("mode", "seed wrong", "empty() ns", "step ms (med)", "peak used MiB"))
+    results = [run_mode(m) for m in MODES + MODES + CONTROLS]
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    failed = [r for r in results if "failed" in r]
+    for r in failed:
+        print("mode %s failed (exit %s):\n%s" % (r["mode"], r["failed"], r["stderr"]))
+    runs = [r for r in results if "failed" not in r and r["mode"] in MODES]
+    print("%-20s %6s %8s %11s %9s %12s %12s" % ("mode", "seed", "stress", "empty() ns",
+                                                "step ms", "peak used", "reserved pk"))
+    for r in runs:
+        print("%-20s %6d %4d/%-3d %11.0f %9.2f %9.1f MiB %8.1f MiB" % (
+            r["mode"], r["seed_wrong_runs"], r["stress_wrong"], r["stress_reads"],
+            r["empty_ns"], r["step_ms_median"], r["peak_used_bytes"] / 2**20,
+            (r["stats"]["reserved_bytes.all.peak"] or 0) / 2**20))
+    ok = not failed
+    native = [r for r in runs if r["mode"] == "native"]
+    if native:
+        same = all(r["losses"] == native[0]["losses"] for r in runs)
+        print("losses identical to the bit in every run:", same)
+        ok &= same
+        want = {k: native[0]["stats"][k] for k in POLICY_FREE_STATS}
+        for r in runs:
+            diff = {k: (r["stats"][k], v) for k, v in want.items() if r["stats"][k] != v}
+            print("%s: policy-free statistics %s" % (
+                r["mode"], "equal PyTorch's" if not diff else "differ: %s" % diff))
+            ok &= not diff
+    ok &= all(r["seed_wrong_runs"] == 0 and r["stress_wrong"] == 0 for r in runs)
     for r in results:
-        print("%-20s %12d %14.0f %14.2f %16.1f" % (r["mode"], r["seed_wrong_runs"], r["empty_ns"],
-                                                  r["step_ms_median"], r["peak_used_bytes"] / 2**20))
-    native = [r for r in results if r["mode"] == "native"][0]["losses"]
-    same = all(r["losses"] == native for r in results)
-    print("losses identical to the bit in every run:", same)
-    ok = same and all(r["seed_wrong_runs"] == 0 for r in results if r["mode"] != "native")
+        if r["mode"] == "npualloc-norecord" and "failed" not in r:
+            print("negative control (record_stream ignored): seed wrong %d/200, stress wrong %d/%d"
+                  % (r["seed_wrong_runs"], r["stress_wrong"], r["stress_reads"]))
+            ok &= r["seed_wrong_runs"] > 0 and r["stress_wrong"] > 0
+        if r["mode"].startswith("oom-") and "failed" not in r:
+            print("%s: fraction -> %s | larger than device -> %s | allocates after: %s | "
+                  "used after empty_cache %.1f MiB" % (r["mode"], r["fraction"], r["device"],
+                                                       r["after"], r["used_after_empty_cache"] / 2**20))
+            ok &= r["fraction"].startswith("OutOfMemoryError") and r["after"]
+    print("gpu-check:", "PASS" if ok else "FAIL")
     sys.exit(0 if ok else 1)
 
 
