@@ -92,11 +92,16 @@ fn run(cmd: &mut Command) {
 
 /// Builds `libnpualloc.so` with the profile of this binary (`cargo build -p
 /// npualloc-ffi`, `--release` for benchmarks: test and bench targets do not build the
-/// cdylib) and returns its path.
+/// cdylib) and returns its path; `NPUALLOC_ABI_LIB` names a library built beforehand
+/// instead (a machine without cargo: the binary, the library and a C/C++ compiler for
+/// the fake runtime and the reference are all it needs).
 pub fn build_npualloc() -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT
         .get_or_init(|| {
+            if let Some(lib) = std::env::var_os("NPUALLOC_ABI_LIB") {
+                return PathBuf::from(lib);
+            }
             let exe = std::env::current_exe().unwrap();
             let profile_dir = exe.parent().unwrap().parent().unwrap();
             let target_dir = profile_dir.parent().unwrap();
