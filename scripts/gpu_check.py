@@ -121,6 +121,52 @@ def train_steps(torch, steps=20):
     return losses, times, peak_used
 
 
+def graph_check(torch, replays=20):
+    """torch.cuda.graph over a small MLP whose capture forks a side stream (it allocates
+    there, record_stream, join): each replay with a new input must equal the eager
+    result, and eager tensors made between replays, of the captured intermediates' size,
+    must keep their contents (the graph's memory stays private to it). Returns (wrong
+    replays, corrupted eager tensors, error text or None)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.GELU(),
+                                torch.nn.Linear(2048, 512)).cuda()
+    static_in = torch.randn(64, 512, device="cuda")
+    side = torch.cuda.Stream()
+    try:
+        with torch.no_grad():
+            warm = torch.cuda.Stream()
+            warm.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(warm):
+                for _ in range(3):
+                    model(static_in)
+            torch.cuda.current_stream().wait_stream(warm)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                h = model[0](static_in)
+                cur = torch.cuda.current_stream()
+                side.wait_stream(cur)
+                with torch.cuda.stream(side):
+                    extra = (h * 2).sum(dim=1)
+                cur.wait_stream(side)
+                h.record_stream(side)
+                out = model[2](model[1](h)) + extra[:, None]
+            wrong, keep = 0, []
+            for i in range(replays):
+                x = torch.randn(64, 512, device="cuda")
+                static_in.copy_(x)
+                g.replay()
+                keep.append(torch.full((64, 2048), float(i), device="cuda"))
+                h2 = model[0](x)
+                ref = model[2](model[1](h2)) + (h2 * 2).sum(dim=1)[:, None]
+                torch.cuda.synchronize()
+                wrong += int(not torch.allclose(out, ref, rtol=1e-4, atol=1e-4))
+            corrupted = sum(int(not bool((t == float(i)).all())) for i, t in enumerate(keep))
+            del g, out, h, extra
+        return wrong, corrupted, None
+    except Exception as e:  # noqa: BLE001 - reported as a failure, with its text
+        return -1, -1, "%s: %s" % (type(e).__name__, str(e)[:400])
+
+
 def empty_timing(torch, n=20000):
     sizes = [512 << (i % 15) for i in range(64)]
     torch.cuda.synchronize()
@@ -178,6 +224,7 @@ def one(mode):
     times.sort()
     out.update({"step_ms_median": times[len(times) // 2] * 1e3, "losses": losses,
                 "peak_used_bytes": peak, "stats": stats_of(torch, lib)})
+    out["graph_wrong"], out["graph_corrupted"], out["graph_error"] = graph_check(torch)
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info()
     out["used_after_empty_cache"] = total - free
@@ -265,6 +312,11 @@ def main():
                 r["mode"], "equal PyTorch's" if not diff else "differ: %s" % diff))
             ok &= not diff
     ok &= all(r["seed_wrong_runs"] == 0 and r["stress_wrong"] == 0 for r in runs)
+    for r in runs:
+        print("%s: CUDA graph with a side stream: %d/20 replays wrong, %d eager tensors "
+              "corrupted%s" % (r["mode"], r["graph_wrong"], r["graph_corrupted"],
+                               "" if r["graph_error"] is None else ", error " + r["graph_error"]))
+        ok &= r["graph_wrong"] == 0 and r["graph_corrupted"] == 0
     for r in results:
         if r["mode"] == "npualloc-norecord" and "failed" not in r:
             print("negative control (record_stream ignored): seed wrong %d/200, stress wrong %d/%d"

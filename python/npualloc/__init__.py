@@ -143,9 +143,10 @@ def _build_shim(lib_path):
 
 
 def _build_cuda_shim(lib_path):
-    """The C++ shim whose malloc turns a failed npualloc_malloc into torch's error
-    (torch.OutOfMemoryError for out of memory): torch.cuda would use a NULL as an
-    address."""
+    """The C++ shim for torch.cuda: its malloc turns a failed npualloc_malloc into
+    torch's error (torch.OutOfMemoryError for out of memory; torch.cuda would use a NULL
+    as an address) and routes streams being captured to their graph's pool; it adapts
+    the graph-pool hooks, whose filter is a C++ std::function."""
     return _compile("npualloc_cuda_shim", "cuda_shim.cpp", lib_path, [], [],
                     "npualloc.install_cuda()")
 
@@ -214,6 +215,10 @@ def install_cuda(conf=None):
     alloc.set_base_alloc_fn(address(lib, "npualloc_base_alloc"))
     # torch.cuda's other hooks take plain C types: they go straight to the C ABI.
     alloc.set_record_stream_fn(address(lib, "npualloc_record_stream"))
+    # Graph-private pools (torch.cuda.graph): the filter is a C++ std::function.
+    alloc.set_begin_allocate_to_pool(shim.begin_allocate_to_pool_fn())
+    alloc.set_end_allocate_to_pool_fn(shim.end_allocate_to_pool_fn())
+    alloc.set_release_pool(shim.release_pool_fn())
     _swap(cuda_memory.change_current_allocator, pluggable)
     return pluggable
 

@@ -1,6 +1,6 @@
 """npualloc.install_cuda()'s shim (the torch.cuda path), on the simulated device: a
 failed allocation is torch's error with npualloc's message, never a NULL handed to
-torch (torch.cuda's pluggable allocator uses a NULL as an address: on an H200 with
+torch, and a captured stream's allocation goes to the graph's pool (torch.cuda's pluggable allocator uses a NULL as an address: on an H200 with
 torch 2.11 that was an illegal memory access, see scripts/gpu-check.sh). Needs no GPU:
 the real torch here is a CUDA build, which is what the shim compiles against."""
 import os
@@ -32,5 +32,13 @@ except torch.OutOfMemoryError:
 except RuntimeError as e:
     check("too large" in str(e), "2^63 bytes: %s" % e)
 check(npualloc.memory_stats(0, lib)["num_ooms"] == 2, "num_ooms")
+# Inside a capture the allocation goes to the graph's pool (it reserved memory there),
+# which release_pool then gives up.
+reserved = shim.captured_malloc_then_release(4 << 20, 0)
+check(reserved >= 4 << 20, "the graph pool reserved %d bytes during the capture" % reserved)
+npualloc.empty_cache()
+pools = npualloc.memory_stats(0, lib)
+key = "reserved_bytes_by_private_pools.1_0.all.current"
+check(pools.get(key) == 0, "after release_pool and empty_cache: %s = %r" % (key, pools.get(key)))
 check(shim.malloc_then_free(4 << 20, 0), "allocation after the errors")
 passed("cuda_shim")
