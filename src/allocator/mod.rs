@@ -243,6 +243,7 @@ impl CachingAllocator {
         // Every malloc polls every stream's pending frees (others' only when they have some).
         if self.shared.pending_total.load(Ordering::Relaxed)
             > shard.pending.load(Ordering::Relaxed) as isize
+            && !self.shared.capture_underway()
         {
             self.poll_others(si);
         }

@@ -89,6 +89,13 @@ impl Shared {
         self.capture_count.store(c.len(), Ordering::Release);
     }
 
+    /// Whether a graph capture is underway on the device (any stream): no event query,
+    /// synchronisation or device free may be made then (PyTorch's
+    /// `captures_underway.empty()` guards).
+    pub fn capture_underway(&self) -> bool {
+        self.capture_count.load(Ordering::Acquire) > 0
+    }
+
     /// Whether `stream` is capturing now.
     pub fn is_capturing(&self, stream: StreamHandle) -> bool {
         self.capture_count.load(Ordering::Acquire) > 0 && self.capturing.lock().contains(&stream)

@@ -233,3 +233,64 @@ fn reserved_bytes_by_private_pool_span_streams_and_outlive_the_pool_until_reset(
     a.free(normal).unwrap();
     assert_drained(&sim, &a);
 }
+
+/// While a graph capture is open, the runtime refuses queries, synchronisations and
+/// frees from the capturing thread (CUDA's default capture mode; on an H200 with torch
+/// 2.11 such a call from npualloc invalidated torch.cuda.graph's capture). Whatever the
+/// streams hold — pending frees with events, idle empty segments another stream could
+/// release, a device too full to grow — allocations during the capture, on the captured
+/// stream and on others, make none of those calls, as PyTorch's allocator skips event
+/// processing and cache release while a capture is underway.
+#[test]
+fn a_capture_makes_no_query_sync_or_free_on_any_stream() {
+    let (sim, a) = manual(200 << 20);
+    let s = sim.create_stream(0).unwrap();
+    let other = sim.create_stream(0).unwrap();
+    let third = sim.create_stream(0).unwrap();
+    // A pending free on `other` (used on `third`, whose work has not run) and idle
+    // empty segments on `other` that reclaiming before growth would release.
+    let pending = a.malloc(8 << 20, other).unwrap();
+    a.record_stream(pending, third).unwrap();
+    sim.launch(0, third, |_| {}).unwrap();
+    a.free(pending).unwrap();
+    let idle: Vec<_> = (0..4).map(|_| a.malloc(30 << 20, other).unwrap()).collect();
+    for p in idle {
+        a.free(p).unwrap();
+    }
+    a.begin_allocate_to_pool(P, s).unwrap();
+    sim.set_graph_capture(0, true);
+    let mut live = Vec::new();
+    for size in [4096, 3 << 20, 12 << 20, 512, 1 << 20, 25 << 20] {
+        live.push(a.malloc(size, s).unwrap());
+    }
+    let x = live.pop().unwrap();
+    a.record_stream(x, other).unwrap();
+    a.free(x).unwrap();
+    // Another stream allocates during the capture (eager work beside it).
+    let y = a.malloc(2 << 20, other).unwrap();
+    // Too large for what is left: out of memory at once, without releasing anything.
+    assert!(matches!(
+        a.malloc(150 << 20, s),
+        Err(Error::OutOfMemory { .. })
+    ));
+    assert!(matches!(
+        a.malloc(150 << 20, other),
+        Err(Error::OutOfMemory { .. })
+    ));
+    sim.set_graph_capture(0, false);
+    let c = sim.counters(0);
+    assert_eq!(
+        c.capture_violations, 0,
+        "unsafe calls during the capture: {c:?}"
+    );
+    a.end_allocate_to_pool(P).unwrap();
+    check(&a);
+    for p in live {
+        a.free(p).unwrap();
+    }
+    a.free(y).unwrap();
+    sim.complete_stream(0, third).unwrap();
+    sim.complete_stream(0, other).unwrap();
+    a.release_pool(P).unwrap();
+    assert_drained(&sim, &a);
+}

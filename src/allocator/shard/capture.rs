@@ -35,6 +35,14 @@ impl ShardState {
         self.capture.capturing
     }
 
+    /// Whether a graph capture is underway: this shard's, or another stream's on the
+    /// device. Then no event query, synchronisation or device free may be made (the
+    /// runtime refuses them from a capturing thread; PyTorch's `captures_underway`).
+    #[inline]
+    pub(super) fn capture_underway(&self) -> bool {
+        self.capture.capturing.is_some() || self.shared.capture_underway()
+    }
+
     /// Whether cached segments of pool `tag` may go back to the device.
     pub(super) fn pool_releasable(&self, tag: PoolTag) -> bool {
         tag.is_none_or(|t| self.capture.private[t.index()].use_count == 0)

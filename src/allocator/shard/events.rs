@@ -113,8 +113,12 @@ impl ShardState {
         }
     }
 
-    /// Returns blocks whose events have all completed to their free lists (no waiting).
+    /// Returns blocks whose events have all completed to their free lists (no waiting);
+    /// nothing while a graph is captured on the device (no event queries then).
     pub fn process_events(&mut self) {
+        if self.capture_underway() {
+            return;
+        }
         let index = self.index;
         let mut ready = Vec::new();
         let events = &mut self.waits.events;

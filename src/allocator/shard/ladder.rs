@@ -83,7 +83,7 @@ impl ShardState {
         }
         self.reclaim.malloc_calls += 1;
         let req = self.request(size)?;
-        if self.pending_count() > 0 && self.capture.capturing.is_none() {
+        if self.pending_count() > 0 && !self.capture_underway() {
             self.process_events();
         }
         let id = match self.take_own_cache(&req) {
@@ -164,8 +164,8 @@ impl ShardState {
             return Ok(Some(Grant::Own(id)));
         }
         // Only releasing every cache (the other streams' too) can help now; not
-        // during a capture, which must not synchronise.
-        if self.capture.capturing.is_none() {
+        // while a graph is captured on any stream, which must not synchronise.
+        if !self.capture_underway() {
             return Ok(None);
         }
         Err(self.out_of_memory(req.size, seg_size))
@@ -199,7 +199,7 @@ impl ShardState {
         req: &Request,
         seg_size: usize,
     ) -> Result<Option<BlockId>, Error> {
-        if self.release_available_cached_blocks(req.kind, req.rounded) {
+        if !self.capture_underway() && self.release_available_cached_blocks(req.kind, req.rounded) {
             return self.alloc_block(seg_size, req.stream, req.kind);
         }
         Ok(None)
@@ -240,13 +240,13 @@ impl ShardState {
         let grow = req
             .rounded
             .next_multiple_of(self.shared.config.page_size(req.kind));
-        if self.capture.capturing.is_none() {
+        if !self.capture_underway() {
             self.release_empty_before_growth(grow, peers);
         }
         if let Some(id) = self.vm_grow(req.stream, req.kind, req.rounded)? {
             return Ok(Some(id));
         }
-        if self.capture.capturing.is_some() {
+        if self.capture_underway() {
             // A capture must not synchronise: no releasing, out of memory now.
             return Err(self.out_of_memory(req.size, grow));
         }

@@ -87,6 +87,9 @@ impl ShardState {
     /// of a dirty block a device-side wait and lets a dirty segment go back to the
     /// device (a fence that never completes must not cost every malloc a query).
     pub(super) fn poll_fences(&mut self) {
+        if self.capture_underway() {
+            return; // no event queries while a graph is captured
+        }
         let index = self.index;
         if !self.lending.fences.is_empty() {
             let events = &mut self.waits.events;

@@ -44,7 +44,7 @@ impl ShardState {
         let config = &self.shared.config;
         if !config.wait_before_growth
             || config.expandable_segments
-            || self.capture.capturing.is_some()
+            || self.capture_underway()
             || req.stream != self.stream
             || self.waits.pending.is_empty()
         {

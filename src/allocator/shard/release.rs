@@ -151,7 +151,7 @@ impl ShardState {
     /// workload settles with no device frees.
     pub(super) fn release_empty_before_growth(&mut self, seg_size: usize, peers: &dyn Peers) {
         let index = self.index;
-        if !self.shared.config.reclaim_before_growth {
+        if !self.shared.config.reclaim_before_growth || self.capture_underway() {
             return;
         }
         let over = (self.shared.reserved() + seg_size).saturating_sub(self.shared.hwm());

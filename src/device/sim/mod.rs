@@ -22,7 +22,7 @@ pub use memory::SimMemory;
 pub use stream::Kernel;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -115,6 +115,8 @@ pub struct SimCounters {
     pub violations: u64,
     /// Failures injected so far (`fail_nth_*`) that fired.
     pub injected_faults: u64,
+    /// Calls refused because a graph capture was open (`set_graph_capture`).
+    pub capture_violations: u64,
 }
 
 #[derive(Default)]
@@ -178,6 +180,9 @@ struct DevState {
     event_records: AtomicU64,
     stream_waits: AtomicU64,
     syncs: AtomicU64,
+    /// A graph capture is open (`set_graph_capture`).
+    capturing: AtomicBool,
+    capture_violations: AtomicU64,
 }
 
 /// Threaded mode: blocks until every stream of `d` has run all its queued work.
@@ -201,6 +206,21 @@ fn never_completes(done: bool, call: &'static str, message: &str) -> Result<(), 
 }
 
 impl DevState {
+    /// Refuses `call` while a graph capture is open, as CUDA refuses a potentially
+    /// unsafe call (a query, a synchronisation, a free) in its default capture mode
+    /// (the capture is then invalidated; ACL's global capture mode is the same idea).
+    fn refuse_if_capturing(&self, call: &'static str) -> Result<(), DeviceError> {
+        if !self.capturing.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.capture_violations.fetch_add(1, Ordering::Relaxed);
+        Err(DeviceError::Runtime {
+            call,
+            code: 900,
+            message: "operation not permitted when stream is capturing".into(),
+        })
+    }
+
     /// The injected failure of this device allocation (malloc or page mapping), if due.
     fn injected(&self, call: &'static str, size: usize) -> Option<DeviceError> {
         if !self.faults.fire(&self.faults.malloc_countdown) {
@@ -257,6 +277,8 @@ impl SimDevice {
                 event_records: AtomicU64::new(0),
                 stream_waits: AtomicU64::new(0),
                 syncs: AtomicU64::new(0),
+                capturing: AtomicBool::new(false),
+                capture_violations: AtomicU64::new(0),
             })
             .collect();
         let sim = SimDevice {
@@ -491,6 +513,15 @@ impl SimDevice {
         }
     }
 
+    /// Opens (`true`) or closes a graph capture on `device`: while open, event queries,
+    /// synchronisations and device frees fail and count as `capture_violations`
+    /// (device allocations are allowed, as PyTorch makes them in relaxed mode).
+    pub fn set_graph_capture(&self, device: DeviceIndex, open: bool) {
+        if let Ok(d) = self.dev(device) {
+            d.capturing.store(open, Ordering::Release);
+        }
+    }
+
     /// Current counters of `device`.
     pub fn counters(&self, device: DeviceIndex) -> SimCounters {
         let Ok(d) = self.dev(device) else {
@@ -513,6 +544,7 @@ impl SimDevice {
             stalled_waits: d.streams.read().values().map(|s| s.stalls()).sum(),
             violations: d.memory.violations(),
             injected_faults: d.faults.fired.load(Ordering::Relaxed),
+            capture_violations: d.capture_violations.load(Ordering::Relaxed),
         }
     }
 }
@@ -552,6 +584,7 @@ impl Device for SimDevice {
 
     fn free(&self, device: DeviceIndex, ptr: DevicePtr) -> Result<(), DeviceError> {
         let d = self.dev(device)?;
+        d.refuse_if_capturing("sim_free")?;
         if self.config.mode == SimMode::Threaded {
             // cudaFree and aclrtFree wait for the device's queued work first. (Manual mode
             // leaves it queued: replays model streams that lag behind the host.)
@@ -623,6 +656,7 @@ impl Device for SimDevice {
     fn event_query(&self, device: DeviceIndex, event: EventHandle) -> Result<bool, DeviceError> {
         let ev = self.event(device, event)?;
         let d = self.dev(device)?;
+        d.refuse_if_capturing("sim_event_query")?;
         if d.faults.fire(&d.faults.query_countdown) {
             return Err(injected_failure("sim_event_query"));
         }
@@ -636,6 +670,7 @@ impl Device for SimDevice {
     ) -> Result<(), DeviceError> {
         let ev = self.event(device, event)?;
         let d = self.dev(device)?;
+        d.refuse_if_capturing("sim_event_synchronize")?;
         d.syncs.fetch_add(1, Ordering::Relaxed);
         match self.config.mode {
             SimMode::Threaded => d.progress.wait_until(|| ev.is_complete(), || false),
@@ -670,6 +705,7 @@ impl Device for SimDevice {
 
     fn synchronize_device(&self, device: DeviceIndex) -> Result<(), DeviceError> {
         let d = self.dev(device)?;
+        d.refuse_if_capturing("sim_synchronize_device")?;
         d.syncs.fetch_add(1, Ordering::Relaxed);
         let idle = match self.config.mode {
             SimMode::Threaded => {
@@ -686,6 +722,7 @@ impl Device for SimDevice {
     }
 
     fn stream_query(&self, device: DeviceIndex, stream: StreamHandle) -> Result<bool, DeviceError> {
+        self.dev(device)?.refuse_if_capturing("sim_stream_query")?;
         Ok(self.stream(device, stream)?.is_idle())
     }
 
@@ -696,6 +733,7 @@ impl Device for SimDevice {
     ) -> Result<(), DeviceError> {
         let d = self.dev(device)?;
         let s = self.stream(device, stream)?;
+        d.refuse_if_capturing("sim_synchronize_stream")?;
         d.syncs.fetch_add(1, Ordering::Relaxed);
         match self.config.mode {
             SimMode::Threaded => d.progress.wait_until(|| s.is_idle(), || false),
@@ -766,6 +804,7 @@ impl Device for SimDevice {
     ) -> Result<(), DeviceError> {
         self.vm_granularity(device)?;
         let d = self.dev(device)?;
+        d.refuse_if_capturing("sim_vm_unmap")?;
         if handle.0 != va {
             d.memory.note_violation();
             return Err(DeviceError::Runtime {
