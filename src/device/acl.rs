@@ -136,6 +136,7 @@ struct Fns {
     synchronize_device: unsafe extern "C" fn() -> AclError,
     synchronize_stream: Option<PtrFn>,
     stream_query: Option<QueryFn>,
+    capture_exchange_mode: Option<unsafe extern "C" fn(*mut c_int) -> AclError>,
     vm: Option<VmFns>,
 }
 
@@ -286,6 +287,7 @@ impl AclDevice {
                 synchronize_device: loader::required(&lib, p, "aclrtSynchronizeDevice")?,
                 synchronize_stream: loader::optional(&lib, "aclrtSynchronizeStream"),
                 stream_query: loader::optional(&lib, "aclrtStreamQuery"),
+                capture_exchange_mode: loader::optional(&lib, "aclmdlRICaptureThreadExchangeMode"),
                 vm,
             }
         };
@@ -415,6 +417,28 @@ impl AclDevice {
         }
     }
 
+    /// Runs `f` with this thread's graph-capture mode relaxed
+    /// (`aclmdlRICaptureThreadExchangeMode`), as PyTorch relaxes CUDA's around an
+    /// allocation made during a capture: in the default (global) mode an allocation or
+    /// mapping is an unsafe call that fails and breaks the capture (seen with CUDA on an
+    /// H200; ACL's modes are the same three). Memory taken during a capture is only
+    /// handed out by the allocator, never freed while the graph lives.
+    fn relaxed_capture<T>(&self, f: impl FnOnce() -> T) -> T {
+        const ACL_MODEL_RI_CAPTURE_MODE_RELAXED: c_int = 2;
+        let Some(exchange) = self.f.capture_exchange_mode else {
+            return f();
+        };
+        let mut mode = ACL_MODEL_RI_CAPTURE_MODE_RELAXED;
+        // SAFETY: valid in/out pointer; swaps this thread's mode, restored below.
+        let swapped = unsafe { exchange(&mut mode) } == ACL_SUCCESS;
+        let out = f();
+        if swapped {
+            // SAFETY: puts back the mode the thread had.
+            unsafe { exchange(&mut mode) };
+        }
+        out
+    }
+
     /// Runs `f` with `device` current on this thread, restoring the caller's device.
     fn on_device<T>(
         &self,
@@ -467,7 +491,7 @@ impl Device for AclDevice {
                 None => ("aclrtMalloc", self.f.malloc),
             };
             // SAFETY: valid out-pointer; HUGE_FIRST is a valid policy.
-            let rc = unsafe { f(&mut p, size, ACL_MEM_MALLOC_HUGE_FIRST) };
+            let rc = self.relaxed_capture(|| unsafe { f(&mut p, size, ACL_MEM_MALLOC_HUGE_FIRST) });
             if OOM_CODES.contains(&rc) {
                 return Err(DeviceError::OutOfMemory {
                     device,
@@ -687,26 +711,28 @@ impl Device for AclDevice {
     ) -> Result<PhysHandle, DeviceError> {
         let vm = self.vm()?;
         self.on_device(device, || {
-            let prop = PhysicalMemProp::huge(device, size);
-            let mut h: Ptr = std::ptr::null_mut();
-            // SAFETY: valid out-pointer and property struct; flags must be 0.
-            let rc = unsafe { (vm.malloc_physical)(&mut h, size, &prop, 0) };
-            if OOM_CODES.contains(&rc) {
-                return Err(DeviceError::OutOfMemory {
-                    device,
-                    requested: size,
-                });
-            }
-            self.check("aclrtMallocPhysical", rc)?;
-            // SAFETY: `va` lies in a reservation and is unmapped; `h` holds `size` bytes.
-            let rc = unsafe { (vm.map)(va as Ptr, size, 0, h, 0) };
-            if rc != ACL_SUCCESS {
-                let err = self.error("aclrtMapMem", rc);
-                // SAFETY: `h` is unmapped and ours.
-                unsafe { (vm.free_physical)(h) };
-                return Err(err);
-            }
-            Ok(PhysHandle(h as usize))
+            self.relaxed_capture(|| {
+                let prop = PhysicalMemProp::huge(device, size);
+                let mut h: Ptr = std::ptr::null_mut();
+                // SAFETY: valid out-pointer and property struct; flags must be 0.
+                let rc = unsafe { (vm.malloc_physical)(&mut h, size, &prop, 0) };
+                if OOM_CODES.contains(&rc) {
+                    return Err(DeviceError::OutOfMemory {
+                        device,
+                        requested: size,
+                    });
+                }
+                self.check("aclrtMallocPhysical", rc)?;
+                // SAFETY: `va` lies in a reservation and is unmapped; `h` holds `size` bytes.
+                let rc = unsafe { (vm.map)(va as Ptr, size, 0, h, 0) };
+                if rc != ACL_SUCCESS {
+                    let err = self.error("aclrtMapMem", rc);
+                    // SAFETY: `h` is unmapped and ours.
+                    unsafe { (vm.free_physical)(h) };
+                    return Err(err);
+                }
+                Ok(PhysHandle(h as usize))
+            })
         })
     }
 

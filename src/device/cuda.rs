@@ -109,6 +109,7 @@ struct Fns {
     get_error_string: Option<unsafe extern "C" fn(CudaError) -> *const c_char>,
     stream_synchronize: Option<unsafe extern "C" fn(Ptr) -> CudaError>,
     stream_query: Option<unsafe extern "C" fn(Ptr) -> CudaError>,
+    thread_exchange_stream_capture_mode: Option<unsafe extern "C" fn(*mut c_int) -> CudaError>,
 }
 
 /// The CUDA backend.
@@ -164,6 +165,10 @@ impl CudaDevice {
                 get_error_string: loader::optional(&lib, "cudaGetErrorString"),
                 stream_synchronize: loader::optional(&lib, "cudaStreamSynchronize"),
                 stream_query: loader::optional(&lib, "cudaStreamQuery"),
+                thread_exchange_stream_capture_mode: loader::optional(
+                    &lib,
+                    "cudaThreadExchangeStreamCaptureMode",
+                ),
             }
         };
         let driver = load_driver();
@@ -234,11 +239,35 @@ impl CudaDevice {
     ) -> Result<T, DeviceError> {
         let d = self.driver()?;
         self.on_device(device, || {
-            // SAFETY: cudaFree(NULL) only initialises the runtime and makes the device's
-            // primary context current.
-            self.check("cudaFree", unsafe { (self.f.free)(std::ptr::null_mut()) })?;
-            f(d)
+            self.relaxed_capture(|| {
+                // SAFETY: cudaFree(NULL) only initialises the runtime and makes the
+                // device's primary context current.
+                self.check("cudaFree", unsafe { (self.f.free)(std::ptr::null_mut()) })?;
+                f(d)
+            })
         })
+    }
+
+    /// Runs `f` with this thread's stream-capture mode relaxed, as PyTorch does around
+    /// `cudaMalloc` (`cudaMallocMaybeCapturing`): while a graph is captured in the
+    /// default (global) mode, an allocation or mapping is otherwise an unsafe call that
+    /// fails and invalidates the capture ("API call conflicts with a stream capture
+    /// sequence", seen on an H200). Memory taken during a capture is only handed out
+    /// by the allocator, never freed before the graph is, so relaxing is safe here.
+    fn relaxed_capture<T>(&self, f: impl FnOnce() -> T) -> T {
+        const CUDA_STREAM_CAPTURE_MODE_RELAXED: c_int = 2;
+        let Some(exchange) = self.f.thread_exchange_stream_capture_mode else {
+            return f();
+        };
+        let mut mode = CUDA_STREAM_CAPTURE_MODE_RELAXED;
+        // SAFETY: valid in/out pointer; swaps this thread's mode, restored below.
+        let swapped = unsafe { exchange(&mut mode) } == CUDA_SUCCESS;
+        let out = f();
+        if swapped {
+            // SAFETY: puts back the mode the thread had.
+            unsafe { exchange(&mut mode) };
+        }
+        out
     }
 
     fn on_device<T>(
@@ -284,7 +313,7 @@ impl Device for CudaDevice {
         self.on_device(device, || {
             let mut p: Ptr = std::ptr::null_mut();
             // SAFETY: valid out-pointer.
-            let rc = unsafe { (self.f.malloc)(&mut p, size) };
+            let rc = self.relaxed_capture(|| unsafe { (self.f.malloc)(&mut p, size) });
             if rc == CUDA_ERROR_MEMORY_ALLOCATION {
                 // SAFETY: clears the sticky-free "last error" so later calls are clean.
                 unsafe { (self.f.get_last_error)() };
@@ -307,9 +336,10 @@ impl Device for CudaDevice {
         self.on_device(device, || {
             let (mut free, mut total) = (0usize, 0usize);
             // SAFETY: valid out-pointers.
-            self.check("cudaMemGetInfo", unsafe {
-                (self.f.mem_get_info)(&mut free, &mut total)
-            })?;
+            self.check(
+                "cudaMemGetInfo",
+                self.relaxed_capture(|| unsafe { (self.f.mem_get_info)(&mut free, &mut total) }),
+            )?;
             Ok(MemInfo { free, total })
         })
     }
