@@ -121,6 +121,11 @@ def train_steps(torch, steps=20):
     return losses, times, peak_used
 
 
+def step(what):
+    if os.environ.get("GPU_CHECK_VERBOSE"):
+        print("gpu-check:", what, file=sys.stderr, flush=True)
+
+
 def graph_check(torch, replays=20):
     """torch.cuda.graph over a small MLP whose capture forks a side stream (it allocates
     there, record_stream, join): each replay with a new input must equal the eager
@@ -141,6 +146,7 @@ def graph_check(torch, replays=20):
                     model(static_in)
             torch.cuda.current_stream().wait_stream(warm)
             g = torch.cuda.CUDAGraph()
+            step("capture begins")
             with torch.cuda.graph(g):
                 h = model[0](static_in)
                 cur = torch.cuda.current_stream()
@@ -150,6 +156,7 @@ def graph_check(torch, replays=20):
                 cur.wait_stream(side)
                 h.record_stream(side)
                 out = model[2](model[1](h)) + extra[:, None]
+            step("capture ended")
             wrong, keep = 0, []
             for i in range(replays):
                 x = torch.randn(64, 512, device="cuda")
@@ -160,6 +167,7 @@ def graph_check(torch, replays=20):
                 ref = model[2](model[1](h2)) + (h2 * 2).sum(dim=1)[:, None]
                 torch.cuda.synchronize()
                 wrong += int(not torch.allclose(out, ref, rtol=1e-4, atol=1e-4))
+            step("replays done")
             corrupted = sum(int(not bool((t == float(i)).all())) for i, t in enumerate(keep))
             del g, out, h, extra
         return wrong, corrupted, None
@@ -178,15 +186,66 @@ def empty_timing(torch, n=20000):
     return (time.perf_counter() - t0) / n
 
 
+PLAIN_ALLOCATOR = r"""
+#include <stddef.h>
+typedef struct CUstream_st *cudaStream_t;
+int cudaMalloc(void **p, size_t n);
+int cudaFree(void *p);
+void *plain_malloc(size_t n, int device, cudaStream_t s) {
+  void *p = 0;
+  return cudaMalloc(&p, n) == 0 ? p : 0;
+}
+void plain_free(void *p, size_t n, int device, cudaStream_t s) { cudaFree(p); }
+"""
+
+
+def plain_allocator():
+    """Compiles PLAIN_ALLOCATOR against torch's CUDA runtime; returns the library path."""
+    import glob
+    import tempfile
+    import torch
+    base = os.path.dirname(os.path.dirname(torch.__file__))
+    libs = glob.glob(os.path.join(base, "nvidia", "cu*", "lib", "libcudart.so*")) + \
+        glob.glob("/usr/local/cuda/lib64/libcudart.so*")
+    d = tempfile.mkdtemp()
+    with open(os.path.join(d, "plain.c"), "w") as f:
+        f.write(PLAIN_ALLOCATOR)
+    out = os.path.join(d, "libplain.so")
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", out, os.path.join(d, "plain.c"), libs[0]],
+                   check=True)
+    return out
+
+
 def install(mode):
     """Sets up the allocator of `mode` before torch touches CUDA; returns the npualloc
     library handle (None for PyTorch's own allocator)."""
     if "expandable" in mode:
         # Virtual-memory segments through the CUDA driver API (cuMemCreate/cuMemMap).
         os.environ["NPUALLOC_CONF"] = "expandable_segments:True"
+    if mode == "plain-pluggable":
+        # Diagnosis: torch's pluggable-allocator path with plain cudaMalloc/cudaFree,
+        # to tell a failure of that path from one of npualloc's.
+        from torch.cuda import memory as cuda_memory
+        cuda_memory.change_current_allocator(cuda_memory.CUDAPluggableAllocator(
+            plain_allocator(), "plain_malloc", "plain_free"))
+        return None
     if "npualloc" not in mode:
         return None
     import npualloc
+    if "nograph" in mode:
+        # Diagnosis: npualloc without the graph-pool hooks (what install_cuda set
+        # before graph pools were wired).
+        from torch.cuda import memory as cuda_memory
+        lib = npualloc.load()
+        shim = npualloc._build_cuda_shim(npualloc.library_path())
+        pluggable = cuda_memory.CUDAPluggableAllocator(
+            shim.__file__, "npualloc_cuda_shim_malloc", "npualloc_cuda_shim_free")
+        alloc = pluggable.allocator()
+        alloc.set_init_fn(npualloc.address(lib, "npualloc_init"))
+        alloc.set_reset_fn(npualloc.address(lib, "npualloc_empty_cache_all"))
+        alloc.set_record_stream_fn(npualloc.address(lib, "npualloc_record_stream"))
+        cuda_memory.change_current_allocator(pluggable)
+        return lib
     pluggable = npualloc.install_cuda()
     if "norecord" in mode:
         # Negative control: record_stream reaches a function that does nothing.
@@ -215,6 +274,9 @@ def one(mode):
     if mode.startswith("oom-"):
         return print(json.dumps(oom_check(torch, mode, lib)))
     out = {"mode": mode, "device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    if os.environ.get("GPU_CHECK_ONLY") == "graph":
+        out["graph_wrong"], out["graph_corrupted"], out["graph_error"] = graph_check(torch)
+        return print(json.dumps(out))
     out["seed_wrong_runs"] = seed_scenario(torch)
     out["stress_wrong"], out["stress_reads"] = stream_stress(torch)
     if "norecord" in mode:
@@ -265,6 +327,7 @@ def oom_check(torch, mode, lib):
 
 
 MODES = ["native", "npualloc", "npualloc-expandable"]
+DIAGNOSIS = ["npualloc-nograph", "plain-pluggable"]
 CONTROLS = ["npualloc-norecord", "oom-native", "oom-npualloc", "oom-npualloc-expandable"]
 
 
@@ -279,7 +342,7 @@ def run_mode(mode):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--mode", choices=MODES + CONTROLS)
+    p.add_argument("--mode", choices=MODES + CONTROLS + DIAGNOSIS)
     p.add_argument("--json", help="also write every result to this file")
     args = p.parse_args()
     if args.mode:

@@ -110,7 +110,9 @@ extern "C" __attribute__((visibility("default"))) void* npualloc_cuda_shim_mallo
     std::string msg = err ? err : "unknown error";
     TORCH_CHECK_WITH(OutOfMemoryError, msg.find("out of memory") == std::string::npos,
                      "npualloc: ", msg);
-    TORCH_CHECK(false, "npualloc could not allocate ", size, " bytes: ", msg);
+    // One string argument: formatting a size_t through c10::str crashed in a shim built
+    // with the GPU machine's g++ against torch 2.11 (seen in cuda-gdb), strings did not.
+    TORCH_CHECK(false, "npualloc could not allocate " + std::to_string(size) + " bytes: " + msg);
   }
   return p;
 }

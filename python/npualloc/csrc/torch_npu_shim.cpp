@@ -46,6 +46,7 @@
 #include <functional>
 #include <mutex>
 #include <unordered_map>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -318,7 +319,9 @@ extern "C" __attribute__((visibility("default"))) void* npualloc_shim_malloc(siz
     std::string msg = err ? err : "unknown error";
     TORCH_CHECK_WITH(OutOfMemoryError, msg.find("out of memory") == std::string::npos,
                      "npualloc: ", msg);
-    TORCH_CHECK(false, "npualloc could not allocate ", size, " bytes: ", msg);
+    // One string argument: formatting a size_t through c10::str crashed in a shim built
+    // with the GPU machine's g++ against torch 2.11 (seen in cuda-gdb), strings did not.
+    TORCH_CHECK(false, "npualloc could not allocate " + std::to_string(size) + " bytes: " + msg);
   }
   return p;
 }
