@@ -3,8 +3,13 @@
 # installs a libnpualloc.so built beforehand with npualloc.install_cuda() in fresh
 # processes, and compares it, with and without expandable segments, with PyTorch's
 # native caching allocator (A/B/C/A/B/C): seed scenario with real CUDA streams (200
-# runs), a transformer training step's losses to the last bit, timing of torch.empty and
-# of the step, and peak device memory used.
+# runs), a four-stream record_stream stress, a transformer training step's losses to the
+# last bit, statistics that do not depend on the caching policy (equal to PyTorch's to
+# the byte), a torch.cuda.graph capture with a side stream (replays equal to eager,
+# eager tensors intact), timing of torch.empty and of the step, and peak device memory
+# used; then a negative control (record_stream ignored: the checks must see wrong data)
+# and out-of-memory checks (memory fraction, past the device, recovery).
+# Results of the one run so far: README.md, "Run on an NVIDIA H200".
 #
 # The GPU machine has PyTorch but no Rust toolchain: build the library where Rust is
 # (`cargo build --release -p npualloc-ffi`) and carry target/release/libnpualloc.so
