@@ -156,6 +156,17 @@ static aclError enter(int need_device) {
     return rc_;                \
   } while (0)
 
+/* Graph-capture rules, when a capture runtime is linked in (the torch_npu stand-in's
+ * standin_extra.c defines this; plain fake builds have none): a call the runtime
+ * refuses from a capturing thread (allocation, free, query, synchronisation) fails. */
+#define FAKE_ACL_ERROR_CAPTURE_REFUSED 107031
+extern int standin_capture_refuses(const char *call) __attribute__((weak));
+#define REFUSE_IN_CAPTURE(call)                                            \
+  do {                                                                     \
+    if (standin_capture_refuses && standin_capture_refuses(call))          \
+      return FAKE_ACL_ERROR_CAPTURE_REFUSED;                               \
+  } while (0)
+
 static fake_stream *stream_of(aclrtStream s) {
   if (!s) return &default_streams[current_device < 0 ? 0 : current_device];
   for (fake_stream *f = streams; f; f = f->next_stream)
@@ -224,6 +235,7 @@ static aclError check_capacity(size_t size) {
 }
 
 static aclError do_malloc(void **p, size_t size) {
+  REFUSE_IN_CAPTURE("aclrtMalloc");
   aclError rc = enter(1);
   if (rc) LEAVE(rc);
   if ((rc = check_capacity(size))) LEAVE(rc);
@@ -256,6 +268,7 @@ EXPORT aclError aclrtMallocAlign32(void **p, size_t size, int policy) {
 
 #ifndef FAKE_NO_FREE
 EXPORT aclError aclrtFree(void *p) {
+  REFUSE_IN_CAPTURE("aclrtFree");
   aclError rc = enter(1);
   if (rc) LEAVE(rc);
   for (size_t i = 0; i < n_allocs; i++) {
@@ -330,6 +343,7 @@ static int event_done(const fake_event *ev) { return !ev->stream || ev->stream->
 
 #ifndef FAKE_NO_QUERY_EVENT_STATUS
 EXPORT aclError aclrtQueryEventStatus(aclrtEvent e, int *status) {
+  REFUSE_IN_CAPTURE("aclrtQueryEventStatus");
   aclError rc = enter(0);
   if (rc) LEAVE(rc);
   fake_event *ev = event_of(e);
@@ -340,6 +354,7 @@ EXPORT aclError aclrtQueryEventStatus(aclrtEvent e, int *status) {
 #endif
 
 EXPORT aclError aclrtQueryEvent(aclrtEvent e, int *status) {
+  REFUSE_IN_CAPTURE("aclrtQueryEvent");
   aclError rc = enter(0);
   if (rc) LEAVE(rc);
   fake_event *ev = event_of(e);
@@ -349,6 +364,7 @@ EXPORT aclError aclrtQueryEvent(aclrtEvent e, int *status) {
 }
 
 EXPORT aclError aclrtSynchronizeEvent(aclrtEvent e) {
+  REFUSE_IN_CAPTURE("aclrtSynchronizeEvent");
   aclError rc = enter(1);
   if (rc) LEAVE(rc);
   fake_event *ev = event_of(e);
@@ -378,6 +394,7 @@ EXPORT aclError aclrtStreamWaitEvent(aclrtStream s, aclrtEvent e) {
 }
 
 EXPORT aclError aclrtSynchronizeDevice(void) {
+  REFUSE_IN_CAPTURE("aclrtSynchronizeDevice");
   aclError rc = enter(1);
   if (rc) LEAVE(rc);
   counters.synchronize_calls++;
@@ -388,6 +405,7 @@ EXPORT aclError aclrtSynchronizeDevice(void) {
 }
 
 EXPORT aclError aclrtStreamQuery(aclrtStream s, int *status) {
+  REFUSE_IN_CAPTURE("aclrtStreamQuery");
   aclError rc = enter(1);
   if (rc) LEAVE(rc);
   fake_stream *st = stream_of(s);
@@ -397,6 +415,7 @@ EXPORT aclError aclrtStreamQuery(aclrtStream s, int *status) {
 }
 
 EXPORT aclError aclrtSynchronizeStream(aclrtStream s) {
+  REFUSE_IN_CAPTURE("aclrtSynchronizeStream");
   aclError rc = enter(1);
   if (rc) LEAVE(rc);
   fake_stream *st = stream_of(s);
@@ -483,6 +502,7 @@ EXPORT aclError aclrtReleaseMemAddress(void *va) {
 #ifndef FAKE_NO_VMM
 EXPORT aclError aclrtMallocPhysical(void **handle, size_t size, const aclrtPhysicalMemProp *prop,
                                     uint64_t flags) {
+  REFUSE_IN_CAPTURE("aclrtMallocPhysical");
   aclError rc = enter(1);
   if (rc) LEAVE(rc);
   if (flags || !prop || prop->handleType != 0 || prop->allocationType != 0 ||
@@ -514,6 +534,7 @@ EXPORT aclError aclrtFreePhysical(void *handle) {
 }
 
 EXPORT aclError aclrtMapMem(void *va, size_t size, size_t offset, void *handle, uint64_t flags) {
+  REFUSE_IN_CAPTURE("aclrtMapMem");
   aclError rc = enter(1);
   if (rc) LEAVE(rc);
   vm_rec *h = handle_rec(handle);
@@ -531,6 +552,7 @@ EXPORT aclError aclrtMapMem(void *va, size_t size, size_t offset, void *handle, 
 }
 
 EXPORT aclError aclrtUnmapMem(void *va) {
+  REFUSE_IN_CAPTURE("aclrtUnmapMem");
   aclError rc = enter(1);
   if (rc) LEAVE(rc);
   for (vm_rec *r = vm_recs; r; r = r->next_rec) {

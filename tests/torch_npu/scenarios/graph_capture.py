@@ -5,6 +5,7 @@ record_stream-ed and freed; then replay, and release of the pool (issue #13 item
 
 Before the fix (no pool hooks set) the capture's allocations come from the ordinary
 pools and no segment belongs to the graph's pool."""
+import ctypes
 import json
 import os
 import tempfile
@@ -71,6 +72,11 @@ check(torch.npu.memory_reserved() < reserved, "nothing returned")
 check(npualloc.last_error() is None, "release left an error: %s" % npualloc.last_error())
 check(ctx.lib.npualloc_check_invariants(0) == 0, npualloc.last_error())
 check(si.counters().violations == 0, "stand-in saw misuse")
+# Nothing npualloc did during the capture was a call the runtime refuses then (an
+# allocation outside relaxed mode, a free, an event query, a synchronisation).
+si.lib.standin_capture_refusals.restype = ctypes.c_uint64
+check(si.lib.standin_capture_refusals() == 0, "calls refused during the capture: %d"
+      % si.lib.standin_capture_refusals())
 # A capture that allocates nothing creates no pool in npualloc; its release is silent.
 empty = torch.npu.NPUGraph()
 with torch.npu.graph(empty, stream=capture):

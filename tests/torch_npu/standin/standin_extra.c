@@ -12,6 +12,7 @@
  * Nothing here computes: kernels launched by operators are accepted and do nothing.
  */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -153,6 +154,7 @@ EXPORT aclError aclrtSetOpWaitTimeout(uint32_t timeout) {
 typedef struct standin_model {
   uint32_t id;
   int destroyed;
+  int mode; /* aclmdlRICaptureMode it was begun with: 0 global, 1 thread-local, 2 relaxed */
 } standin_model;
 
 #define MAX_CAPTURING 64
@@ -180,12 +182,12 @@ static aclError join_capture(aclrtStream stream, standin_model *m) {
 }
 
 EXPORT aclError aclmdlRICaptureBegin(aclrtStream stream, int mode) {
-  (void)mode;
   pthread_mutex_lock(&capture_mu);
   aclError rc = ACL_ERROR_RT_PARAM_INVALID;
   if (!capture_of(stream)) {
     standin_model *m = calloc(1, sizeof *m);
     m->id = next_model_id++;
+    m->mode = mode;
     rc = join_capture(stream, m);
   }
   pthread_mutex_unlock(&capture_mu);
@@ -222,10 +224,36 @@ EXPORT aclError aclmdlRICaptureEnd(aclrtStream stream, void **model) {
   return ACL_SUCCESS;
 }
 
+/* The capture modes' rule, as CUDA's (aclmdlRICaptureMode has the same three): while a
+ * capture begun in global or thread-local mode is open, a thread whose own mode is not
+ * relaxed may not allocate, free, query or synchronise (fake_acl.c asks here through
+ * standin_capture_refuses); aclmdlRICaptureThreadExchangeMode sets the thread's mode.
+ * Thread-local captures are treated like global ones (one capturing thread here). */
+static __thread int thread_capture_mode = 0;
+static uint64_t capture_refusals;
+
 EXPORT aclError aclmdlRICaptureThreadExchangeMode(int *mode) {
-  (void)mode;
+  if (!mode || *mode < 0 || *mode > 2) return ACL_ERROR_RT_PARAM_INVALID;
+  int old = thread_capture_mode;
+  thread_capture_mode = *mode;
+  *mode = old;
   return ACL_SUCCESS;
 }
+
+EXPORT int standin_capture_refuses(const char *call) {
+  if (thread_capture_mode == 2) return 0;
+  int refuse = 0;
+  pthread_mutex_lock(&capture_mu);
+  for (int i = 0; i < MAX_CAPTURING; i++)
+    if (capturing[i].model && capturing[i].model->mode != 2) refuse = 1;
+  if (refuse) capture_refusals++;
+  pthread_mutex_unlock(&capture_mu);
+  if (refuse) fprintf(stderr, "stand-in: %s refused during a graph capture\n", call);
+  return refuse;
+}
+
+/* How many calls standin_capture_refuses refused (a scenario asserts none). */
+EXPORT uint64_t standin_capture_refusals(void) { return capture_refusals; }
 
 EXPORT aclError aclmdlRIExecuteAsync(void *model, aclrtStream stream) {
   if (!model || ((standin_model *)model)->destroyed) return ACL_ERROR_RT_PARAM_INVALID;
