@@ -14,9 +14,10 @@ pub mod tune;
 
 pub use capacity::{min_capacity, MinCapacity};
 
-use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
+
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use crate::device::sim::{SimConfig, SimDevice, SimMode};
 use crate::snapshot::SegmentInfo;
@@ -202,16 +203,21 @@ impl Streams {
         sim.changed_streams(0)?; // start the change log
         Ok(Streams {
             sim,
-            handles: HashMap::from([(0, StreamHandle::DEFAULT)]),
-            busy: HashSet::new(),
-            owed: HashMap::new(),
-            touched: HashSet::new(),
+            handles: HashMap::from_iter([(0, StreamHandle::DEFAULT)]),
+            busy: HashSet::default(),
+            owed: HashMap::default(),
+            touched: HashSet::default(),
             visits: 0,
         })
     }
 
-    /// The device stream of trace stream `label` (created on first use).
+    /// The device stream of trace stream `label` (created on first use). Label 0 is the
+    /// default stream, answered without the map: it is looked up on every event of a
+    /// single-stream trace.
     fn handle(&mut self, label: u32) -> Result<StreamHandle, Error> {
+        if label == 0 {
+            return Ok(StreamHandle::DEFAULT);
+        }
         if let Some(s) = self.handles.get(&label) {
             return Ok(*s);
         }
@@ -236,7 +242,10 @@ impl Streams {
     /// After an event: idle streams run what was queued on them; a stream still held
     /// back by a wait then counts as stalled on the stream it waits for.
     fn settle(&mut self) -> Result<(), Error> {
-        self.touched.extend(self.sim.changed_streams(0)?);
+        let changed = self.sim.changed_streams(0)?;
+        if !changed.is_empty() {
+            self.touched.extend(changed);
+        }
         if self.handles.len() < 2 {
             return Ok(()); // one stream: nothing is ever queued on it
         }
@@ -299,7 +308,7 @@ pub fn replay(
     });
     let alloc = CachingAllocator::new(sim.clone(), 0, config)?;
     let mut streams = Streams::new(sim.clone())?;
-    let mut live: HashMap<u64, Live> = HashMap::with_capacity(1024);
+    let mut live: HashMap<u64, Live> = HashMap::with_capacity_and_hasher(1024, Default::default());
 
     let (mut requested, mut peak_requested, mut allocations) = (0u64, 0u64, 0usize);
     let (mut peak_reserved_seen, mut peak_event) = (0u64, 0usize);
