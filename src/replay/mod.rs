@@ -221,6 +221,11 @@ impl Streams {
         if let Some(s) = self.handles.get(&label) {
             return Ok(*s);
         }
+        if self.handles.len() < 2 {
+            // `settle` leaves the change log alone while there is one stream: what it
+            // logged since is looked at from now on.
+            self.touched.extend(self.sim.changed_streams(0)?);
+        }
         let s = self.sim.create_stream(0)?;
         self.handles.insert(label, s);
         Ok(s)
@@ -240,15 +245,19 @@ impl Streams {
     }
 
     /// After an event: idle streams run what was queued on them; a stream still held
-    /// back by a wait then counts as stalled on the stream it waits for.
+    /// back by a wait then counts as stalled on the stream it waits for. With one
+    /// stream nothing is ever queued on it, and nothing is done (the change log is
+    /// read when a second stream appears).
+    #[inline]
     fn settle(&mut self) -> Result<(), Error> {
-        let changed = self.sim.changed_streams(0)?;
-        if !changed.is_empty() {
-            self.touched.extend(changed);
-        }
         if self.handles.len() < 2 {
-            return Ok(()); // one stream: nothing is ever queued on it
+            return Ok(());
         }
+        self.settle_streams()
+    }
+
+    fn settle_streams(&mut self) -> Result<(), Error> {
+        self.touched.extend(self.sim.changed_streams(0)?);
         // An idle stream is owed all it has queued (a stream neither changed nor just
         // idle already is: its owed count and its queue moved together).
         self.visits += self.touched.len() as u64;
