@@ -11,7 +11,9 @@
 //! memory, off by default) and `request_padding` (bytes added to every request before
 //! rounding; [`TORCH_NPU_POLICY`] sets torch_npu's 32) and `base_addr_aligned_kb`
 //! (torch_npu's head split with expandable segments, off by default; the preset sets
-//! torch_npu's 16). `Config::parse_torch_npu` reads `PYTORCH_NPU_ALLOC_CONF` as torch_npu 2.14
+//! torch_npu's 16), and `expandable_best_fit` (PyTorch's best fit with expandable
+//! segments, which npualloc's default leaves out: on in both presets).
+//! `Config::parse_torch_npu` reads `PYTORCH_NPU_ALLOC_CONF` as torch_npu 2.14
 //! does: every key torch_npu accepts is accepted (equivalents honoured, the rest listed
 //! as ignored).
 
@@ -25,11 +27,13 @@ pub const ROUNDUP_INTERVALS: usize = 16;
 /// larger values overflowed the rounding).
 pub const MAX_ROUNDUP_DIVISIONS: usize = 1 << 27;
 
-/// Settings that turn off npualloc's additions, giving PyTorch's caching-allocator
-/// policy exactly (replays of the shipped traces match PyTorch's figures).
+/// Settings that turn off npualloc's additions and turn on the one rule of PyTorch's
+/// that npualloc's default leaves out (`expandable_best_fit`, expandable segments
+/// only), giving PyTorch's caching-allocator policy exactly (replays of the shipped
+/// traces match PyTorch's figures).
 pub const PYTORCH_POLICY: &str =
     "reclaim_before_growth:False,adaptive_segments:False,hot_cache:False,lend_segments:False,\
-     lend_blocks:False,wait_before_growth:False";
+     lend_blocks:False,wait_before_growth:False,expandable_best_fit:True";
 
 /// Bytes torch_npu 2.14 adds to every request before rounding on the SoCs and CANN
 /// versions users run today (`AddPadSize()`: 0 only from Ascend950 with CANN 9.1).
@@ -44,7 +48,7 @@ pub const TORCH_NPU_PADDING: usize = 32;
 /// detail, is what every setting does (`pool::free_list`).
 pub const TORCH_NPU_POLICY: &str =
     "reclaim_before_growth:False,adaptive_segments:False,hot_cache:False,lend_segments:False,\
-     lend_blocks:False,wait_before_growth:False,request_padding:32,\
+     lend_blocks:False,wait_before_growth:False,expandable_best_fit:True,request_padding:32,\
      base_addr_aligned_kb:16";
 
 /// Smallest rounded request that torch_npu's head split aligns (its `kRoundLarge`).
@@ -98,6 +102,13 @@ pub struct Config {
     /// of a pending free that fits instead of growing or synchronising the host
     /// (npualloc's addition, `shard/pressure.rs`; `False` gives PyTorch's path).
     pub wait_before_growth: bool,
+    /// With expandable segments, best fit counts a free block at the end of a run of
+    /// mapped pages as the bytes it can grow to (its own plus the unmapped pages after
+    /// it), so a request takes a larger block elsewhere first: PyTorch's and
+    /// torch_npu's rule, on in [`PYTORCH_POLICY`] and [`TORCH_NPU_POLICY`]
+    /// (`expandable_best_fit:True`). Off by default: the smallest block that fits,
+    /// growable or not (the figures of `benches/README.md` were measured so).
+    pub expandable_best_fit: bool,
     /// With expandable segments, a request of [`HEAD_ALIGN_MIN`] or more (rounded) is
     /// served at the first multiple of this many bytes in the block found, the bytes
     /// before it split off as a free block, when the rest still holds the request
@@ -127,6 +138,7 @@ impl Default for Config {
             lend_blocks: true,
             request_padding: 0,
             base_addr_align: 0,
+            expandable_best_fit: false,
             wait_before_growth: true,
             reserve_budget: None,
         }
@@ -269,6 +281,9 @@ impl Config {
                 }
                 "wait_before_growth" => {
                     cfg.wait_before_growth = parse_bool(key, value)?;
+                }
+                "expandable_best_fit" => {
+                    cfg.expandable_best_fit = parse_bool(key, value)?;
                 }
                 "base_addr_aligned_kb" => {
                     cfg.base_addr_align = parse_align_kb(key, value)?;
@@ -563,7 +578,9 @@ mod tests {
         let d = Config::default();
         assert!(d.reclaim_before_growth && d.adaptive_segments && d.hot_cache && d.lend_segments);
         assert!(d.lend_blocks);
-        // Everything PyTorch itself has keeps its default.
+        // PyTorch's best fit with expandable segments, which npualloc's default lacks.
+        assert!(c.expandable_best_fit && !d.expandable_best_fit);
+        // Everything else PyTorch itself has keeps its default.
         assert_eq!(
             Config {
                 reclaim_before_growth: true,
@@ -572,6 +589,7 @@ mod tests {
                 lend_segments: true,
                 lend_blocks: true,
                 wait_before_growth: true,
+                expandable_best_fit: false,
                 ..c
             },
             d

@@ -18,6 +18,7 @@ use super::ShardState;
 use crate::config::HEAD_ALIGN_MIN;
 use crate::device::{DevicePtr, StreamHandle};
 use crate::error::Error;
+use crate::pool::free_list::FreeList;
 use crate::pool::{Block, BlockId, PoolKind, VmId, VmSegment};
 use crate::stats;
 
@@ -124,6 +125,50 @@ impl ShardState {
             stats::increase(&mut s.inactive_split_bytes, st, size);
         }
         id
+    }
+
+    /// PyTorch's best fit with expandable segments (`expandable_best_fit`): from the
+    /// best fit `best`, while it is a block of an expandable segment, step to the next
+    /// larger entry of `list` (size, then address) if that one can grow to less than
+    /// this one: a block at the end of a run of mapped pages counts as the bytes it
+    /// can grow to ([`growable_size`](Self::growable_size)), so a request takes a
+    /// larger block elsewhere before the growable end (CUDACachingAllocator's and
+    /// torch_npu's `get_free_block`). Returns (size, block).
+    pub(super) fn growable_fit(
+        &self,
+        list: &FreeList,
+        best: (usize, DevicePtr, BlockId),
+    ) -> (usize, BlockId) {
+        let mut it = best;
+        while self.blocks[it.2].vm.is_some() {
+            let key = (it.0, it.1);
+            let Some(next) = list.iter().filter(|e| (e.0, e.1) > key).min() else {
+                break;
+            };
+            if self.growable_size(next.2) >= self.growable_size(it.2) {
+                break;
+            }
+            it = next;
+        }
+        (it.0, it.2)
+    }
+
+    /// The bytes free block `id` can grow to: its own, plus, at the end of a run of
+    /// mapped pages of an expandable segment, the unmapped pages after it up to the
+    /// next mapped page or the end of the reservation (PyTorch's `expandable_size`:
+    /// the block plus its unmapped next block).
+    fn growable_size(&self, id: BlockId) -> usize {
+        let b = &self.blocks[id];
+        let Some(vm) = b.vm.filter(|_| b.next.is_none()) else {
+            return b.size;
+        };
+        let seg = &self.vm[vm.index()];
+        let first = (b.ptr + b.size - seg.base) / seg.page;
+        let unmapped = seg.pages[first..]
+            .iter()
+            .position(Option::is_some)
+            .unwrap_or(seg.pages.len() - first);
+        b.size + unmapped * seg.page
     }
 
     /// The runs of mapped pages of segment `seg`, in address order.
@@ -563,5 +608,27 @@ mod tests {
         }
         st.finish_merge();
         check(&st);
+    }
+
+    /// PyTorch's best fit with expandable segments: a free 4 MiB end of the mapped
+    /// pages can grow, so a 3 MiB request takes the free 8 MiB block in the middle
+    /// instead (`expandable_best_fit`); without the setting, the smallest fit (the end).
+    #[test]
+    fn best_fit_counts_a_growable_end_as_what_it_can_grow_to() {
+        for (conf, middle) in [
+            ("expandable_segments:True,expandable_best_fit:True", true),
+            ("expandable_segments:True", false),
+        ] {
+            let (_sim, mut st) = shard(conf);
+            let a = st.malloc(4 * MIB, false, &NoPeers).unwrap().unwrap();
+            let b = st.malloc(8 * MIB, false, &NoPeers).unwrap().unwrap();
+            let c = st.malloc(4 * MIB, false, &NoPeers).unwrap().unwrap();
+            assert_eq!((b, c), (a + 4 * MIB, a + 12 * MIB)); // one 20 MiB page: 4 MiB left
+            free(&mut st, b);
+            let d = st.malloc(3 * MIB, false, &NoPeers).unwrap().unwrap();
+            assert_eq!(d, if middle { b } else { c + 4 * MIB }, "{conf}");
+            st.finish_merge();
+            check(&st);
+        }
     }
 }
