@@ -9,7 +9,11 @@
 //! `hot_cache`, `lend_segments`, `lend_blocks` and `wait_before_growth` (all `False`
 //! gives PyTorch's policy exactly), `reserve_budget_mb` (a soft ceiling on reserved
 //! memory, off by default) and `request_padding` (bytes added to every request before
-//! rounding; [`TORCH_NPU_POLICY`] sets torch_npu's 32). `Config::parse_torch_npu` reads `PYTORCH_NPU_ALLOC_CONF` as torch_npu 2.14
+//! rounding; [`TORCH_NPU_POLICY`] sets torch_npu's 32) and `base_addr_aligned_kb`
+//! (torch_npu's head split with expandable segments, off by default; the preset sets
+//! torch_npu's 16), and `expandable_best_fit` (PyTorch's best fit with expandable
+//! segments, which npualloc's default leaves out: on in both presets).
+//! `Config::parse_torch_npu` reads `PYTORCH_NPU_ALLOC_CONF` as torch_npu 2.14
 //! does: every key torch_npu accepts is accepted (equivalents honoured, the rest listed
 //! as ignored).
 
@@ -23,11 +27,13 @@ pub const ROUNDUP_INTERVALS: usize = 16;
 /// larger values overflowed the rounding).
 pub const MAX_ROUNDUP_DIVISIONS: usize = 1 << 27;
 
-/// Settings that turn off npualloc's additions, giving PyTorch's caching-allocator
-/// policy exactly (replays of the shipped traces match PyTorch's figures).
+/// Settings that turn off npualloc's additions and turn on the one rule of PyTorch's
+/// that npualloc's default leaves out (`expandable_best_fit`, expandable segments
+/// only), giving PyTorch's caching-allocator policy exactly (replays of the shipped
+/// traces match PyTorch's figures).
 pub const PYTORCH_POLICY: &str =
     "reclaim_before_growth:False,adaptive_segments:False,hot_cache:False,lend_segments:False,\
-     lend_blocks:False,wait_before_growth:False";
+     lend_blocks:False,wait_before_growth:False,expandable_best_fit:True";
 
 /// Bytes torch_npu 2.14 adds to every request before rounding on the SoCs and CANN
 /// versions users run today (`AddPadSize()`: 0 only from Ascend950 with CANN 9.1).
@@ -35,12 +41,18 @@ pub const TORCH_NPU_PADDING: usize = 32;
 
 /// The allocator torch_npu 2.14 users have: [`PYTORCH_POLICY`] plus torch_npu's
 /// 32-byte request padding, so replays on the simulated device reproduce torch_npu's
-/// rounding (on the ACL backend the device pads already; the two do not add up).
+/// rounding (on the ACL backend the device pads already; the two do not add up), and
+/// with `expandable_segments:True` torch_npu's head split (`base_addr_aligned_kb:16`,
+/// its default: a block of 2 MiB or more starts 16 KiB-aligned).
 /// Best fit breaking ties between equal-size blocks by address, torch_npu's third
 /// detail, is what every setting does (`pool::free_list`).
 pub const TORCH_NPU_POLICY: &str =
     "reclaim_before_growth:False,adaptive_segments:False,hot_cache:False,lend_segments:False,\
-     lend_blocks:False,wait_before_growth:False,request_padding:32";
+     lend_blocks:False,wait_before_growth:False,expandable_best_fit:True,request_padding:32,\
+     base_addr_aligned_kb:16";
+
+/// Smallest rounded request that torch_npu's head split aligns (its `kRoundLarge`).
+pub const HEAD_ALIGN_MIN: usize = 2 * MIB;
 
 /// Most bytes `request_padding` accepts (a pad, not a second allocation).
 pub const MAX_REQUEST_PADDING: usize = 4096;
@@ -90,6 +102,19 @@ pub struct Config {
     /// of a pending free that fits instead of growing or synchronising the host
     /// (npualloc's addition, `shard/pressure.rs`; `False` gives PyTorch's path).
     pub wait_before_growth: bool,
+    /// With expandable segments, best fit counts a free block at the end of a run of
+    /// mapped pages as the bytes it can grow to (its own plus the unmapped pages after
+    /// it), so a request takes a larger block elsewhere first: PyTorch's and
+    /// torch_npu's rule, on in [`PYTORCH_POLICY`] and [`TORCH_NPU_POLICY`]
+    /// (`expandable_best_fit:True`). Off by default: the smallest block that fits,
+    /// growable or not (the figures of `benches/README.md` were measured so).
+    pub expandable_best_fit: bool,
+    /// With expandable segments, a request of [`HEAD_ALIGN_MIN`] or more (rounded) is
+    /// served at the first multiple of this many bytes in the block found, the bytes
+    /// before it split off as a free block, when the rest still holds the request
+    /// (torch_npu's `base_addr_aligned_kb`, 16 KiB in torch_npu, at most 16); 0 (the
+    /// default): blocks start where the free block does, as PyTorch's.
+    pub base_addr_align: usize,
     /// A soft ceiling on reserved bytes (`reserve_budget_mb`): growth past it first tries
     /// a device-side wait for a pending free (with `wait_before_growth`), then grows
     /// anyway. `None` (the default): no budget.
@@ -112,6 +137,8 @@ impl Default for Config {
             lend_segments: true,
             lend_blocks: true,
             request_padding: 0,
+            base_addr_align: 0,
+            expandable_best_fit: false,
             wait_before_growth: true,
             reserve_budget: None,
         }
@@ -131,6 +158,24 @@ fn parse_mb(key: &str, value: &str, min: usize) -> Result<usize, Error> {
     }
     mb.checked_mul(MIB)
         .ok_or_else(|| bad(key, value, "too large"))
+}
+
+/// `base_addr_aligned_kb` as torch_npu checks it (a whole number of KiB within [0, 16]),
+/// in bytes.
+fn parse_align_kb(key: &str, value: &str) -> Result<usize, Error> {
+    // Digits only, no leading zero: torch_npu compares the text with the number's.
+    let plain = !value.is_empty()
+        && value.bytes().all(|b| b.is_ascii_digit())
+        && (value == "0" || !value.starts_with('0'));
+    let kb: usize = value
+        .parse()
+        .ok()
+        .filter(|_| plain)
+        .ok_or_else(|| bad(key, value, "must be within [0, 16]"))?;
+    if kb > 16 {
+        return Err(bad(key, value, "must be within [0, 16]"));
+    }
+    Ok(kb << 10)
 }
 
 /// A page size in MiB: a multiple of 2 MiB, at least `min` MiB, at most 1 GiB.
@@ -236,6 +281,12 @@ impl Config {
                 }
                 "wait_before_growth" => {
                     cfg.wait_before_growth = parse_bool(key, value)?;
+                }
+                "expandable_best_fit" => {
+                    cfg.expandable_best_fit = parse_bool(key, value)?;
+                }
+                "base_addr_aligned_kb" => {
+                    cfg.base_addr_align = parse_align_kb(key, value)?;
                 }
                 "reserve_budget_mb" => {
                     cfg.reserve_budget = Some(parse_mb(key, value, 1)?);
@@ -434,9 +485,7 @@ impl Config {
                         parse_mb(key, value, 0)?;
                     }
                     Ignored::AlignKb => {
-                        if parse_mb(key, value, 0)? > 16 * MIB {
-                            return Err(bad(key, value, "must be within [0, 16]"));
-                        }
+                        parse_align_kb(key, value)?;
                     }
                 }
                 ignored.push(key.to_string());
@@ -529,7 +578,9 @@ mod tests {
         let d = Config::default();
         assert!(d.reclaim_before_growth && d.adaptive_segments && d.hot_cache && d.lend_segments);
         assert!(d.lend_blocks);
-        // Everything PyTorch itself has keeps its default.
+        // PyTorch's best fit with expandable segments, which npualloc's default lacks.
+        assert!(c.expandable_best_fit && !d.expandable_best_fit);
+        // Everything else PyTorch itself has keeps its default.
         assert_eq!(
             Config {
                 reclaim_before_growth: true,
@@ -538,6 +589,7 @@ mod tests {
                 lend_segments: true,
                 lend_blocks: true,
                 wait_before_growth: true,
+                expandable_best_fit: false,
                 ..c
             },
             d
@@ -545,12 +597,14 @@ mod tests {
     }
 
     #[test]
-    fn torch_npu_policy_is_pytorch_policy_padded_by_32_bytes() {
+    fn torch_npu_policy_is_pytorch_policy_padded_and_head_aligned() {
         let t = Config::parse(TORCH_NPU_POLICY).unwrap();
         assert_eq!(t.request_padding, TORCH_NPU_PADDING);
+        assert_eq!(t.base_addr_align, 16 << 10);
         assert_eq!(
             Config {
                 request_padding: 0,
+                base_addr_align: 0,
                 ..t
             },
             Config::parse(PYTORCH_POLICY).unwrap()
@@ -558,6 +612,24 @@ mod tests {
         assert_eq!(Config::default().request_padding, 0);
         assert!(Config::parse("request_padding:4097").is_err());
         assert!(Config::parse("request_padding:-1").is_err());
+        // torch_npu's range, in KiB; off by default.
+        assert_eq!(Config::default().base_addr_align, 0);
+        assert_eq!(
+            Config::parse("base_addr_aligned_kb:4")
+                .unwrap()
+                .base_addr_align,
+            4096
+        );
+        assert!(Config::parse("base_addr_aligned_kb:17").is_err());
+        assert!(Config::parse("base_addr_aligned_kb:-1").is_err());
+        assert!(Config::parse("base_addr_aligned_kb:+8").is_err());
+        assert!(Config::parse("base_addr_aligned_kb:016").is_err());
+        assert_eq!(
+            Config::parse("base_addr_aligned_kb:0")
+                .unwrap()
+                .base_addr_align,
+            0
+        );
     }
 
     #[test]

@@ -14,9 +14,10 @@ pub mod tune;
 
 pub use capacity::{min_capacity, MinCapacity};
 
-use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
+
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use crate::device::sim::{SimConfig, SimDevice, SimMode};
 use crate::snapshot::SegmentInfo;
@@ -202,18 +203,28 @@ impl Streams {
         sim.changed_streams(0)?; // start the change log
         Ok(Streams {
             sim,
-            handles: HashMap::from([(0, StreamHandle::DEFAULT)]),
-            busy: HashSet::new(),
-            owed: HashMap::new(),
-            touched: HashSet::new(),
+            handles: HashMap::from_iter([(0, StreamHandle::DEFAULT)]),
+            busy: HashSet::default(),
+            owed: HashMap::default(),
+            touched: HashSet::default(),
             visits: 0,
         })
     }
 
-    /// The device stream of trace stream `label` (created on first use).
+    /// The device stream of trace stream `label` (created on first use). Label 0 is the
+    /// default stream, answered without the map: it is looked up on every event of a
+    /// single-stream trace.
     fn handle(&mut self, label: u32) -> Result<StreamHandle, Error> {
+        if label == 0 {
+            return Ok(StreamHandle::DEFAULT);
+        }
         if let Some(s) = self.handles.get(&label) {
             return Ok(*s);
+        }
+        if self.handles.len() < 2 {
+            // `settle` leaves the change log alone while there is one stream: what it
+            // logged since is looked at from now on.
+            self.touched.extend(self.sim.changed_streams(0)?);
         }
         let s = self.sim.create_stream(0)?;
         self.handles.insert(label, s);
@@ -234,12 +245,19 @@ impl Streams {
     }
 
     /// After an event: idle streams run what was queued on them; a stream still held
-    /// back by a wait then counts as stalled on the stream it waits for.
+    /// back by a wait then counts as stalled on the stream it waits for. With one
+    /// stream nothing is ever queued on it, and nothing is done (the change log is
+    /// read when a second stream appears).
+    #[inline]
     fn settle(&mut self) -> Result<(), Error> {
-        self.touched.extend(self.sim.changed_streams(0)?);
         if self.handles.len() < 2 {
-            return Ok(()); // one stream: nothing is ever queued on it
+            return Ok(());
         }
+        self.settle_streams()
+    }
+
+    fn settle_streams(&mut self) -> Result<(), Error> {
+        self.touched.extend(self.sim.changed_streams(0)?);
         // An idle stream is owed all it has queued (a stream neither changed nor just
         // idle already is: its owed count and its queue moved together).
         self.visits += self.touched.len() as u64;
@@ -299,7 +317,7 @@ pub fn replay(
     });
     let alloc = CachingAllocator::new(sim.clone(), 0, config)?;
     let mut streams = Streams::new(sim.clone())?;
-    let mut live: HashMap<u64, Live> = HashMap::with_capacity(1024);
+    let mut live: HashMap<u64, Live> = HashMap::with_capacity_and_hasher(1024, Default::default());
 
     let (mut requested, mut peak_requested, mut allocations) = (0u64, 0u64, 0usize);
     let (mut peak_reserved_seen, mut peak_event) = (0u64, 0usize);

@@ -164,7 +164,10 @@ fn read_stacks(text: &str) -> Result<Stacks, (usize, String)> {
     let mut frames: HashMap<u64, Frame> = HashMap::new();
     let mut stacks: HashMap<u64, Stack> = HashMap::new();
     let mut of_alloc = Stacks::new();
-    for (i, line) in text.lines().enumerate() {
+    if !text.contains("#@") {
+        return Ok(of_alloc); // no stacks declared or named: skip the second pass
+    }
+    for (i, line) in super::lines(text).enumerate() {
         let at = |m: String| (i + 1, m);
         if let Some(rest) = line.strip_prefix("#@") {
             let mut it = rest.split('\t');

@@ -19,8 +19,11 @@ pub mod pickle;
 #[cfg(feature = "cli")]
 pub mod unpickle;
 
-use std::collections::HashMap;
 use std::fmt;
+
+// Fx hashing: the maps here are keyed by trace ids and stream labels, hashed once per
+// event; SipHash cost more than the rest of a parse or a floor pass.
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::io::Write;
 
 /// One trace event.
@@ -127,7 +130,51 @@ impl Liveness {
     }
 }
 
+/// The lines of `text` exactly as [`str::lines`] cuts them (at `\n`, dropping a `\r`
+/// before it; no empty line after a final `\n`), found by a byte loop: a trace's lines
+/// are short, where the library's `\n` search pays its set-up on every line.
+pub(crate) fn lines(text: &str) -> impl Iterator<Item = &str> {
+    let mut rest = text;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let (line, next) = match rest.bytes().position(|b| b == b'\n') {
+            Some(n) => (
+                rest[..n].strip_suffix('\r').unwrap_or(&rest[..n]),
+                &rest[n + 1..],
+            ),
+            None => (rest, ""),
+        };
+        rest = next;
+        Some(line)
+    })
+}
+
+/// `line` up to its first `#` (a comment), by a byte loop (see [`lines`]).
+fn before_comment(line: &str) -> &str {
+    match line.bytes().position(|b| b == b'#') {
+        Some(n) => &line[..n],
+        None => line,
+    }
+}
+
+/// The value of a token of 1 to 19 ASCII digits (which always fits a `u64`); `None`
+/// for anything else, which [`num`]'s checks then word.
+fn digits(t: &str) -> Option<u64> {
+    if t.is_empty() || t.len() > 19 {
+        return None;
+    }
+    t.bytes().try_fold(0u64, |v, b| {
+        let d = b.wrapping_sub(b'0');
+        (d <= 9).then_some(v * 10 + u64::from(d))
+    })
+}
+
 fn num<T: TryFrom<u64>>(tok: Option<&str>, what: &str) -> Result<T, String> {
+    if let Some(v) = tok.and_then(digits).and_then(|v| T::try_from(v).ok()) {
+        return Ok(v);
+    }
     let t = tok.ok_or_else(|| format!("missing {what}"))?;
     if t.starts_with('-') {
         return Err(format!(
@@ -150,7 +197,7 @@ fn num<T: TryFrom<u64>>(tok: Option<&str>, what: &str) -> Result<T, String> {
 }
 
 fn parse_line(line: &str, live: &mut Liveness) -> Result<Option<Op>, String> {
-    let line = line.split('#').next().unwrap_or("").trim();
+    let line = before_comment(line).trim();
     if line.is_empty() {
         return Ok(None);
     }
@@ -194,7 +241,7 @@ fn parse_line(line: &str, live: &mut Liveness) -> Result<Option<Op>, String> {
 pub fn parse(text: &str, name: &str) -> Result<Trace, TraceError> {
     let mut live = Liveness::default();
     let mut ops = Vec::with_capacity(text.len() / 12);
-    for (i, line) in text.lines().enumerate() {
+    for (i, line) in lines(text).enumerate() {
         match parse_line(line, &mut live) {
             Ok(Some(op)) => ops.push(op),
             Ok(None) => {}
@@ -250,7 +297,7 @@ impl Trace {
     /// Largest sum of requested bytes of live allocations over the trace (saturating at
     /// `u64::MAX`; [`parse`] refuses a trace whose live bytes would pass it).
     pub fn peak_requested(&self) -> u64 {
-        let mut sizes = HashMap::new();
+        let mut sizes = HashMap::default();
         let (mut cur, mut peak) = (0u64, 0u64);
         for op in &self.ops {
             match *op {
@@ -319,11 +366,10 @@ impl Trace {
     /// stream they were recorded on (that stream had work queued after the `r` and has
     /// not reached its next `s`). Saturates at `u64::MAX`.
     pub fn pending_floor(&self) -> u64 {
-        use std::collections::HashSet;
-        let mut live: HashMap<u64, (u64, Vec<u32>)> = HashMap::new();
+        let mut live: HashMap<u64, (u64, Vec<u32>)> = HashMap::default();
         // Freed blocks waiting for streams: id -> (size, streams still to complete).
-        let mut pending: HashMap<u64, (u64, Vec<u32>)> = HashMap::new();
-        let mut busy: HashSet<u32> = HashSet::new();
+        let mut pending: HashMap<u64, (u64, Vec<u32>)> = HashMap::default();
+        let mut busy: HashSet<u32> = HashSet::default();
         let (mut cur, mut held, mut floor) = (0u64, 0u64, 0u64);
         for op in &self.ops {
             match *op {
@@ -490,5 +536,56 @@ mod tests {
             );
             assert!(e.message.contains(needle), "{text}: {e}");
         }
+    }
+
+    /// The byte-loop line cutter agrees with `str::lines` on every kind of line end
+    /// (a `\r` kept where no `\n` follows it, no line after a final `\n`).
+    #[test]
+    fn lines_cut_as_str_lines() {
+        for text in [
+            "",
+            "\n",
+            "\n\n",
+            "a",
+            "a\n",
+            "a\r\n",
+            "a\r",
+            "a\rb\n",
+            "\r\n\r\n",
+            "a\n\nb",
+            "a 1 2 0\r\nf 1",
+            "é\n\u{a0}x\r\n",
+        ] {
+            let ours: Vec<&str> = lines(text).collect();
+            let std: Vec<&str> = text.lines().collect();
+            assert_eq!(ours, std, "{text:?}");
+        }
+    }
+
+    /// The digit fast path returns what the checked parse does, and leaves every
+    /// error (too many digits, too large for the type, signs, empty) to its wording.
+    #[test]
+    fn numbers_fast_path_agrees_with_the_checked_parse() {
+        assert_eq!(num::<u64>(Some("007"), "x"), Ok(7));
+        assert_eq!(
+            num::<u64>(Some("9999999999999999999"), "x"),
+            Ok(9_999_999_999_999_999_999)
+        );
+        assert_eq!(num::<u64>(Some("18446744073709551615"), "x"), Ok(u64::MAX));
+        assert!(num::<u64>(Some("18446744073709551616"), "x")
+            .unwrap_err()
+            .contains("too large"));
+        assert!(num::<u32>(Some("4294967296"), "s")
+            .unwrap_err()
+            .contains("at most 4294967295"));
+        assert!(num::<u64>(Some("+5"), "x")
+            .unwrap_err()
+            .contains("not a non-negative"));
+        assert!(num::<u64>(Some("-5"), "x")
+            .unwrap_err()
+            .contains("negative"));
+        assert!(num::<u64>(Some(""), "x").is_err());
+        assert!(num::<u64>(None, "x").unwrap_err().contains("missing"));
+        assert!(digits("12a").is_none() && digits("").is_none());
     }
 }

@@ -22,7 +22,8 @@ fn run(t: &Trace, conf: &str) -> npualloc::replay::ReplayReport {
 }
 
 /// torch_npu 2.14's own allocator on the stand-in CANN libraries (benches/README.md,
-/// "The real anchor"): peak reserved and device mallocs. The preset gives the same
+/// "The real anchor"): peak reserved and device mallocs, and peak reserved with
+/// expandable segments. The preset gives the same
 /// figures exactly on these two; PyTorch's policy does not on gpt2 (1.445, not 1.485).
 #[test]
 fn the_torch_npu_preset_reproduces_torch_npus_own_allocator() {
@@ -39,6 +40,17 @@ fn the_torch_npu_preset_reproduces_torch_npus_own_allocator() {
     }
     let p = run(&load("gpt2_infer.trace"), PYTORCH_POLICY);
     assert_ne!(p.peak_reserved, 296 * MIB, "the padding is what moves gpt2");
+    // With expandable segments (torch_npu's allocator with
+    // PYTORCH_NPU_ALLOC_CONF=expandable_segments:True, `--anchor --conf`): bert needs the
+    // 16 KiB head split, resnet50 PyTorch's growable best fit, to give these.
+    let conf = format!("{TORCH_NPU_POLICY},expandable_segments:True");
+    for (name, reserved) in [
+        ("gpt2_infer.trace", 222 * MIB),
+        ("bert_train.trace", 1784 * MIB),
+        ("resnet50_train.trace", 860 * MIB),
+    ] {
+        assert_eq!(run(&load(name), &conf).peak_reserved, reserved, "{name}");
+    }
 }
 
 /// splitmix64: a small seeded generator, so the churn is the same on every machine.

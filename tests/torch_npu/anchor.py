@@ -7,7 +7,11 @@ per stream id, stream 0 the default stream), `f` del, `r` Tensor.record_stream, 
 stand-in completes that stream's work. Reports peak requested (from the trace), torch_npu's
 max_memory_reserved and the device mallocs the stand-in runtime counted.
 
-Usage: bash scripts/test-torch-npu.sh --anchor TRACE...   (prints a Markdown table)
+Usage: bash scripts/test-torch-npu.sh --anchor [--conf SETTINGS] TRACE...   (prints a
+Markdown table). With --conf, both torch_npu runs get SETTINGS as PYTORCH_NPU_ALLOC_CONF
+(e.g. expandable_segments:True) and the replay tool `--conf SETTINGS`; the last column is
+the replay tool with the `torch_npu` preset (plus SETTINGS), which models torch_npu's own
+allocator.
 """
 
 import json
@@ -69,8 +73,16 @@ def main():
     env = scenario_env()
     env["FAKE_ACL_CAPACITY"] = str(CAPACITY)
     env["PYTHONPATH"] = HERE
+    args, conf = sys.argv[1:], ""
+    if args[:1] == ["--conf"]:
+        conf, args = args[1], args[2:]
+        env["PYTORCH_NPU_ALLOC_CONF"] = conf
+    preset = "torch_npu," + conf if conf else "torch_npu"
+    tool_run = lambda trace, c: json.loads(subprocess.run(
+        [os.environ["NPUALLOC_BIN"], "replay", trace, "--json", "--quiet", "--conf", c],
+        capture_output=True, text=True, check=True).stdout)[0]
     rows = []
-    for trace in sys.argv[1:]:
+    for trace in args:
         got = {}
         for mode in ("--child", "--child-npualloc"):
             p = subprocess.run([sys.executable, os.path.abspath(__file__), mode, os.path.abspath(trace)],
@@ -79,19 +91,20 @@ def main():
             if p.returncode != 0 or not line:
                 sys.exit("anchor: %s %s failed:\n%s" % (trace, mode, p.stderr[-3000:]))
             got[mode] = json.loads(line[0][7:])
-        tool = json.loads(subprocess.run([os.environ["NPUALLOC_BIN"], "replay", trace, "--json", "--quiet"],
-                                         capture_output=True, text=True, check=True).stdout)[0]
-        rows.append((trace, got["--child"], got["--child-npualloc"], tool))
+        rows.append((trace, got["--child"], got["--child-npualloc"], tool_run(trace, conf),
+                     tool_run(trace, preset)))
     mib = lambda b: "%.2f MiB" % (b / 2**20)
     print("| trace | peak requested | torch_npu's allocator: peak reserved (ratio), device mallocs "
-          "| npualloc in torch_npu | npualloc replay tool |")
-    print("|---|---:|---:|---:|---:|")
-    for trace, native, ours, tool in rows:
+          "| npualloc in torch_npu | npualloc replay tool | replay tool, `%s` |" % preset)
+    print("|---|---:|---:|---:|---:|---:|")
+    for trace, native, ours, tool, modelled in rows:
         req = native["peak_requested"]
         cell = lambda r: "%s (%.3f), %d" % (mib(r["peak_reserved"]), r["peak_reserved"] / req, r["device_mallocs"])
-        print("| %s | %s | %s | %s | %s (%.3f), %d |" % (
+        tcell = lambda r: "%s (%.3f), %d" % (mib(r["peak_reserved"]), r["reserved_over_requested"],
+                                            r["device_mallocs"])
+        print("| %s | %s | %s | %s | %s | %s |" % (
             os.path.basename(trace).rsplit(".", 1)[0], mib(req), cell(native), cell(ours),
-            mib(tool["peak_reserved"]), tool["reserved_over_requested"], tool["device_mallocs"]))
+            tcell(tool), tcell(modelled)))
 
 
 if __name__ == "__main__":

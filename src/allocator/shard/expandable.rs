@@ -15,8 +15,10 @@
 
 use super::free_lists::apply_net;
 use super::ShardState;
+use crate::config::HEAD_ALIGN_MIN;
 use crate::device::{DevicePtr, StreamHandle};
 use crate::error::Error;
+use crate::pool::free_list::FreeList;
 use crate::pool::{Block, BlockId, PoolKind, VmId, VmSegment};
 use crate::stats;
 
@@ -69,6 +71,107 @@ impl ShardState {
         Ok(self
             .vm
             .insert(VmSegment::new(base, page, pages, stream, pool, kind)))
+    }
+
+    /// The bytes torch_npu's head split (`base_addr_aligned_kb`) takes off the front of
+    /// free block `b` before it serves `rounded` bytes: with expandable segments, a
+    /// request of [`HEAD_ALIGN_MIN`] or more starts at the next multiple of the
+    /// alignment when the block does not start at one and still holds the request from
+    /// there; else 0. A dirty block (lending) is served as it is.
+    pub(super) fn aligned_head(&self, b: &Block, rounded: usize) -> usize {
+        let config = &self.shared.config;
+        let align = config.base_addr_align;
+        if align == 0 || !config.expandable_segments || rounded < HEAD_ALIGN_MIN || b.dirty {
+            return 0;
+        }
+        match b.ptr % align {
+            0 => 0,
+            off if align - off + rounded <= b.size => align - off,
+            _ => 0,
+        }
+    }
+
+    /// torch_npu's head split: block `id` (free, out of its free list) about to serve
+    /// `rounded` bytes gives its first [`aligned_head`](Self::aligned_head) bytes to a
+    /// new free block (into the free lists) and keeps the aligned rest, which it returns
+    /// to be handed out. Statistics: the head is one more inactive split block; if `id`
+    /// was not split before, both it and the head now are. Out of line: the default
+    /// settings never call it.
+    #[inline(never)]
+    pub(super) fn split_aligned_head(&mut self, id: BlockId, rounded: usize) -> BlockId {
+        let head = self.aligned_head(&self.blocks[id], rounded);
+        if head == 0 {
+            return id;
+        }
+        let b = &self.blocks[id];
+        let (st, already_split, size) = (b.kind.stat_type(), b.is_split(), b.size);
+        let mut front = b.sibling(b.ptr, head);
+        front.prev = b.prev;
+        front.next = Some(id);
+        let front_id = self.blocks.insert(front);
+        if let Some(p) = self.blocks[front_id].prev {
+            self.blocks[p].next = Some(front_id);
+        }
+        let rest = &mut self.blocks[id];
+        rest.prev = Some(front_id);
+        rest.ptr += head;
+        rest.size -= head;
+        self.pool_insert(front_id);
+        let s = &mut self.acct.stats;
+        if already_split {
+            stats::increase(&mut s.inactive_split, st, 1);
+        } else {
+            stats::increase(&mut s.inactive_split, st, 2);
+            stats::increase(&mut s.inactive_split_bytes, st, size);
+        }
+        id
+    }
+
+    /// PyTorch's best fit with expandable segments (`expandable_best_fit`): from the
+    /// best fit `best`, while it is a block of an expandable segment, step to the next
+    /// larger entry of `list` (size, then address) if that one can grow to less than
+    /// this one: a block at the end of a run of mapped pages counts as the bytes it
+    /// can grow to ([`growable_size`](Self::growable_size)), so a request takes a
+    /// larger block elsewhere before the growable end (CUDACachingAllocator's and
+    /// torch_npu's `get_free_block`). Returns (size, block). Out of line: the
+    /// default settings never call it, and best fit stays as short as it was.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn growable_fit(
+        &self,
+        list: &FreeList,
+        best: (usize, DevicePtr, BlockId),
+    ) -> (usize, BlockId) {
+        let mut it = best;
+        while self.blocks[it.2].vm.is_some() {
+            let key = (it.0, it.1);
+            let Some(next) = list.iter().filter(|e| (e.0, e.1) > key).min() else {
+                break;
+            };
+            if self.growable_size(next.2) >= self.growable_size(it.2) {
+                break;
+            }
+            it = next;
+        }
+        (it.0, it.2)
+    }
+
+    /// The bytes free block `id` can grow to: its own, plus, at the end of a run of
+    /// mapped pages of an expandable segment, the unmapped pages after it up to the
+    /// next mapped page or the end of the reservation (PyTorch's `expandable_size`:
+    /// the block plus its unmapped next block).
+    fn growable_size(&self, id: BlockId) -> usize {
+        let b = &self.blocks[id];
+        let Some(vm) = b.vm.filter(|_| b.next.is_none()) else {
+            return b.size;
+        };
+        let seg = &self.vm[vm.index()];
+        let first = (b.ptr + b.size - seg.base) / seg.page;
+        let unmapped = seg.pages[first..]
+            .iter()
+            .position(Option::is_some)
+            .unwrap_or(seg.pages.len() - first);
+        b.size + unmapped * seg.page
     }
 
     /// The runs of mapped pages of segment `seg`, in address order.
@@ -442,5 +545,93 @@ impl ShardState {
             }
         }
         result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{check, free, id_of, shard};
+    use super::super::NoPeers;
+
+    const MIB: usize = 1 << 20;
+    const KIB16: usize = 16 << 10;
+    const ALIGNED: &str = "expandable_segments:True,base_addr_aligned_kb:16";
+
+    /// torch_npu's head split: a 2 MiB request after a 3 MiB + 512 B one starts at the
+    /// next 16 KiB boundary, the 15.5 KiB before it a free block of its own (counted
+    /// as an inactive split); without the setting it starts where the free block does.
+    /// Everything merges back when freed.
+    #[test]
+    fn a_large_request_starts_at_the_alignment_past_a_free_head() {
+        for conf in [ALIGNED, "expandable_segments:True"] {
+            let (_sim, mut st) = shard(conf);
+            let a = st.malloc(3 * MIB + 1, false, &NoPeers).unwrap().unwrap();
+            let b = st.malloc(2 * MIB, false, &NoPeers).unwrap().unwrap();
+            let end_a = a + 3 * MIB + 512;
+            if conf == ALIGNED {
+                assert_eq!(b, end_a + KIB16 - 512);
+                let head = st.blocks[id_of(&st, b)].prev.unwrap();
+                assert_eq!(st.blocks[head].size, KIB16 - 512);
+                assert!(st.blocks[head].is_free());
+                // The head and the aligned block's free tail.
+                assert_eq!(st.acct.stats.inactive_split[0].current, 2);
+            } else {
+                assert_eq!(b, end_a);
+            }
+            check(&st);
+            for p in [a, b] {
+                free(&mut st, p);
+            }
+            st.finish_merge();
+            check(&st);
+            assert_eq!(st.acct.stats.inactive_split[0].current, 0, "{conf}");
+        }
+    }
+
+    /// Under 2 MiB nothing is aligned; a block whose merge its free deferred (the lazy
+    /// merge) is merged first and then aligned like any other.
+    #[test]
+    fn small_requests_stay_put_and_a_deferred_merge_is_aligned_too() {
+        let (_sim, mut st) = shard(ALIGNED);
+        let a = st.malloc(3 * MIB + 1, false, &NoPeers).unwrap().unwrap();
+        let end_a = a + 3 * MIB + 512;
+        let c = st.malloc(MIB + 1, false, &NoPeers).unwrap().unwrap();
+        assert_eq!(c, end_a);
+        free(&mut st, c);
+        assert!(
+            st.lazy.is_some(),
+            "the free deferred its merge with the tail"
+        );
+        let d = st.malloc(2 * MIB, false, &NoPeers).unwrap().unwrap();
+        assert_eq!(d, end_a + KIB16 - 512);
+        st.finish_merge();
+        check(&st);
+        for p in [a, d] {
+            free(&mut st, p);
+        }
+        st.finish_merge();
+        check(&st);
+    }
+
+    /// PyTorch's best fit with expandable segments: a free 4 MiB end of the mapped
+    /// pages can grow, so a 3 MiB request takes the free 8 MiB block in the middle
+    /// instead (`expandable_best_fit`); without the setting, the smallest fit (the end).
+    #[test]
+    fn best_fit_counts_a_growable_end_as_what_it_can_grow_to() {
+        for (conf, middle) in [
+            ("expandable_segments:True,expandable_best_fit:True", true),
+            ("expandable_segments:True", false),
+        ] {
+            let (_sim, mut st) = shard(conf);
+            let a = st.malloc(4 * MIB, false, &NoPeers).unwrap().unwrap();
+            let b = st.malloc(8 * MIB, false, &NoPeers).unwrap().unwrap();
+            let c = st.malloc(4 * MIB, false, &NoPeers).unwrap().unwrap();
+            assert_eq!((b, c), (a + 4 * MIB, a + 12 * MIB)); // one 20 MiB page: 4 MiB left
+            free(&mut st, b);
+            let d = st.malloc(3 * MIB, false, &NoPeers).unwrap().unwrap();
+            assert_eq!(d, if middle { b } else { c + 4 * MIB }, "{conf}");
+            st.finish_merge();
+            check(&st);
+        }
     }
 }

@@ -13,6 +13,7 @@
 //! - `inactive_split[_bytes]` count the free blocks of split segments, hot ones included.
 
 use super::ShardState;
+use crate::config::HEAD_ALIGN_MIN;
 use crate::pool::free_list::HOT_CAPACITY;
 use crate::pool::rounding::{MIN_BLOCK, SMALL_SIZE};
 use crate::pool::{Block, BlockId, Phase, PoolKind};
@@ -57,7 +58,10 @@ impl ShardState {
             self.reclaim.gc_calls += 1;
         }
         let list = self.pools.get(&self.route())?.get(kind);
-        let (bsize, _, id) = list.best_fit(size)?;
+        let (mut bsize, bptr, mut id) = list.best_fit(size)?;
+        if self.shared.config.expandable_best_fit && self.blocks[id].vm.is_some() {
+            (bsize, id) = self.growable_fit(list, (bsize, bptr, id));
+        }
         let max_split = self.shared.config.max_split_size;
         if size < max_split && bsize >= max_split {
             return None;
@@ -89,7 +93,8 @@ impl ShardState {
         }
     }
 
-    /// Hands out block `id` (already out of its free list), splitting off the tail.
+    /// Hands out block `id` (already out of its free list), splitting off the head that
+    /// `base_addr_aligned_kb` asks for (`expandable.rs`) and the tail.
     pub(super) fn alloc_found_block(
         &mut self,
         id: BlockId,
@@ -106,6 +111,12 @@ impl ShardState {
             let b = &mut self.blocks[id];
             (b.freed_at, b.gc_count_base) = m.clocks();
         }
+        // The size first: requests under 2 MiB (most) skip the settings' load.
+        let id = if rounded >= HEAD_ALIGN_MIN && self.shared.config.base_addr_align != 0 {
+            self.split_aligned_head(id, rounded)
+        } else {
+            id
+        };
         let st = self.blocks[id].kind.stat_type();
         let already_split = self.blocks[id].is_split();
         let mut out = id;

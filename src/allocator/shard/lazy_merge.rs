@@ -37,6 +37,7 @@
 //! `rest` and of the merged block whole, with or without their entries.
 
 use super::ShardState;
+use crate::config::HEAD_ALIGN_MIN;
 use crate::pool::{BlockId, PoolKind};
 use crate::stats;
 
@@ -204,6 +205,11 @@ impl ShardState {
             return false;
         }
         if m.rest.is_some() && !self.split_rule(f.vm.is_some(), kind, merged, rounded) {
+            return false;
+        }
+        // A block that may get a head split (`base_addr_aligned_kb`) is merged first.
+        let align = config.base_addr_align;
+        if align != 0 && rounded >= HEAD_ALIGN_MIN && f.ptr % align != 0 {
             return false;
         }
         // Nothing else cached (the usual case of one large pair), or best fit picks it.

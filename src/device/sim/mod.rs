@@ -403,6 +403,9 @@ impl SimDevice {
         let d = self.dev(device)?;
         d.changes.listen();
         let mut v = d.changes.take();
+        if v.is_empty() {
+            return Ok(Vec::new());
+        }
         v.sort_unstable();
         v.dedup();
         Ok(v.into_iter().map(StreamHandle).collect())

@@ -120,6 +120,10 @@ impl Progress {
 #[derive(Default)]
 pub(super) struct ChangeLog {
     on: AtomicBool,
+    /// Set after a note is pushed, cleared by `take` before it drains: a `take` that
+    /// finds it clear returns at once without the lock (a replay asks after every
+    /// event, and most events change no queue).
+    noted: AtomicBool,
     changed: Mutex<Vec<usize>>,
 }
 
@@ -131,11 +135,16 @@ impl ChangeLog {
     fn note(&self, stream: usize) {
         if self.on.load(Ordering::Acquire) {
             self.changed.lock().push(stream);
+            self.noted.store(true, Ordering::Release);
         }
     }
 
-    /// The streams noted since the last call (with duplicates).
+    /// The streams noted since the last call (with duplicates; a note racing with the
+    /// call may come in the next one).
     pub fn take(&self) -> Vec<usize> {
+        if !self.noted.swap(false, Ordering::AcqRel) {
+            return Vec::new();
+        }
         std::mem::take(&mut *self.changed.lock())
     }
 }
