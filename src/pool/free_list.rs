@@ -361,14 +361,18 @@ impl StreamMap {
     /// The free lists of pool `key`, created empty if needed.
     #[inline]
     pub fn get_or_default(&mut self, key: PoolTag) -> &mut StreamPools {
-        let i = match self.entries.iter().position(|e| e.0 == key) {
-            Some(i) => i,
-            None => {
-                self.entries.push((key, StreamPools::default()));
-                self.entries.len() - 1
-            }
-        };
-        &mut self.entries[i].1
+        match self.entries.iter().position(|e| e.0 == key) {
+            Some(i) => &mut self.entries[i].1,
+            None => self.push_default(key),
+        }
+    }
+
+    /// Adds empty free lists for pool `key` (once per pool: out of the fast path).
+    #[cold]
+    #[inline(never)]
+    fn push_default(&mut self, key: PoolTag) -> &mut StreamPools {
+        self.entries.push((key, StreamPools::default()));
+        &mut self.entries.last_mut().expect("just pushed").1
     }
 
     /// Every stream's pools.

@@ -201,15 +201,18 @@ impl ShardState {
             && b.pool.is_none()
             && self.shared.config.hot_cache
             && !b.dirty;
-        let hot = &mut self.pools.get_or_default(None).hot;
-        if small && hot.len() < HOT_CAPACITY {
-            hot.push((size, id));
-            self.blocks[id].phase = Phase::Hot;
-            if split {
-                stats::increase(&mut self.acct.stats.inactive_split, st, 1);
-                stats::increase(&mut self.acct.stats.inactive_split_bytes, st, size);
+        // The hot cache is looked up for small blocks only (a large free never uses it).
+        if small {
+            let hot = &mut self.pools.get_or_default(None).hot;
+            if hot.len() < HOT_CAPACITY {
+                hot.push((size, id));
+                self.blocks[id].phase = Phase::Hot;
+                if split {
+                    stats::increase(&mut self.acct.stats.inactive_split, st, 1);
+                    stats::increase(&mut self.acct.stats.inactive_split_bytes, st, size);
+                }
+                return;
             }
-            return;
         }
         if may_defer && self.defer_merge(id) {
             return;
