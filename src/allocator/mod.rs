@@ -223,6 +223,7 @@ impl CachingAllocator {
     }
 
     /// Polls the pending frees of other shards that have any, without waiting for a lock.
+    #[inline(never)]
     fn poll_others(&self, own: u32) {
         for (si, s) in self.shards.iter() {
             if si != own && s.pending.load(Ordering::Relaxed) > 0 {
@@ -235,6 +236,11 @@ impl CachingAllocator {
     }
 
     /// Allocates at least `size` bytes for use on `stream`.
+    ///
+    /// Inlined: a request the stream's shard serves is a lookup, a lock and the shard's
+    /// malloc; the rest (polling other shards, the last-resort retry, errors) is out of
+    /// line.
+    #[inline]
     pub fn malloc(&self, size: usize, stream: StreamHandle) -> Result<DevicePtr, Error> {
         if size == 0 {
             return Err(Error::ZeroSize);
@@ -246,7 +252,7 @@ impl CachingAllocator {
         {
             self.poll_others(si);
         }
-        {
+        let found = {
             let mut st = shard.state.lock();
             let peers = OtherShards {
                 table: &self.shards,
@@ -254,18 +260,34 @@ impl CachingAllocator {
             };
             let found = st.malloc(size, false, &peers);
             self.set_pending(shard, st.pending_count());
-            match found {
-                Ok(Some(ptr)) => {
-                    LAST_SHARD.with(|c| c.set((self.id, si)));
-                    return Ok(ptr);
-                }
-                Ok(None) => {}
-                // e.g. out of memory during a capture, which must not release caches
-                Err(e) => {
-                    drop(st);
-                    return Err(self.malloc_failed(e, size));
-                }
+            found
+        };
+        match found {
+            Ok(Some(ptr)) => {
+                LAST_SHARD.with(|c| c.set((self.id, si)));
+                Ok(ptr)
             }
+            other => self.malloc_slow(other, size, stream, si, shard),
+        }
+    }
+
+    /// `malloc` after the shard's own attempt did not allocate (`found`): an error, or
+    /// a last attempt once the other streams' caches are released.
+    #[cold]
+    #[inline(never)]
+    fn malloc_slow(
+        &self,
+        found: Result<Option<DevicePtr>, Error>,
+        size: usize,
+        stream: StreamHandle,
+        si: u32,
+        shard: &Shard,
+    ) -> Result<DevicePtr, Error> {
+        match found {
+            Ok(Some(ptr)) => return Ok(ptr),
+            Ok(None) => {}
+            // e.g. out of memory during a capture, which must not release caches
+            Err(e) => return Err(self.malloc_failed(e, size)),
         }
         // Only the other streams' caches can help: release them one shard at a time
         // (never holding two shard locks), then try once more.
