@@ -262,12 +262,15 @@ impl CachingAllocator {
             self.set_pending(shard, st.pending_count());
             found
         };
+        // Every arm takes `found` apart by value: nothing is left to drop (a catch-all
+        // arm left it to an out-of-line drop call on the fast path).
         match found {
             Ok(Some(ptr)) => {
                 LAST_SHARD.with(|c| c.set((self.id, si)));
                 Ok(ptr)
             }
-            other => self.malloc_slow(other, size, stream, si, shard),
+            Ok(None) => self.malloc_slow(Ok(None), size, stream, si, shard),
+            Err(e) => self.malloc_slow(Err(e), size, stream, si, shard),
         }
     }
 
