@@ -57,7 +57,10 @@ impl Stat {
     pub fn increase(&mut self, amount: usize) {
         let a = amount as i64;
         self.current += a;
-        self.peak = self.peak.max(self.current);
+        // A branch, not `max`: at steady state the peak is not passed and not stored.
+        if self.current > self.peak {
+            self.peak = self.current;
+        }
         self.allocated += a;
     }
 

@@ -187,6 +187,7 @@ impl CachingAllocator {
     }
 
     /// Publishes a shard's count of waiting frees.
+    #[inline]
     fn set_pending(&self, shard: &Shard, n: usize) {
         if shard.pending.load(Ordering::Relaxed) == n {
             return; // the common case: nothing waiting before or after
