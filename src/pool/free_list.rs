@@ -181,8 +181,18 @@ impl FreeList {
         let skip = skip.map_or(u32::MAX, |id| id as u32);
         let (fl, sl) = mapping(cand.0);
         let own = fl * SL + sl;
-        let (fl, sl) = mapping(size);
-        let mut bin = fl * SL + sl;
+        let mut bin = if size == cand.0 {
+            own
+        } else {
+            let (fl, sl) = mapping(size);
+            fl * SL + sl
+        };
+        if bin == own {
+            // The usual case (the candidate is of the request's bin): later bins are
+            // above `own`, so only this bin can hold a better fit.
+            return Self::smallest_fit(&self.bins[bin], size, skip)
+                .is_none_or(|e| cand < (e.size, e.ptr));
+        }
         loop {
             if bin > own {
                 return true;
