@@ -253,25 +253,30 @@ impl CachingAllocator {
         {
             self.poll_others(si);
         }
-        let found = {
-            let mut st = shard.state.lock();
-            let peers = OtherShards {
-                table: &self.shards,
-                own: stream,
-            };
-            let found = st.malloc(size, false, &peers);
-            self.set_pending(shard, st.pending_count());
-            found
+        let mut st = shard.state.lock();
+        let peers = OtherShards {
+            table: &self.shards,
+            own: stream,
         };
+        let found = st.malloc(size, false, &peers);
+        self.set_pending(shard, st.pending_count());
         // Every arm takes `found` apart by value: nothing is left to drop (a catch-all
-        // arm left it to an out-of-line drop call on the fast path).
+        // arm left it to an out-of-line drop call on the fast path). The slow path runs
+        // with the lock released.
         match found {
             Ok(Some(ptr)) => {
+                drop(st);
                 LAST_SHARD.with(|c| c.set((self.id, si)));
                 Ok(ptr)
             }
-            Ok(None) => self.malloc_slow(Ok(None), size, stream, si, shard),
-            Err(e) => self.malloc_slow(Err(e), size, stream, si, shard),
+            Ok(None) => {
+                drop(st);
+                self.malloc_slow(Ok(None), size, stream, si, shard)
+            }
+            Err(e) => {
+                drop(st);
+                self.malloc_slow(Err(e), size, stream, si, shard)
+            }
         }
     }
 
