@@ -205,6 +205,8 @@ impl ShardState {
         if small {
             let hot = &mut self.pools.get_or_default(None).hot;
             if hot.len() < HOT_CAPACITY {
+                // A large request skips the hot cache (`ladder.rs`, `take_own_cache`).
+                debug_assert!(size <= SMALL_SIZE, "a hot block of a small request's size");
                 hot.push((size, id));
                 self.blocks[id].phase = Phase::Hot;
                 if split {
