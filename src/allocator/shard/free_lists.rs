@@ -110,29 +110,42 @@ impl ShardState {
         let already_split = self.blocks[id].is_split();
         let mut out = id;
         if self.should_split(&self.blocks[id], rounded) {
-            // The front becomes a new block; the original keeps the remainder.
-            let b = &self.blocks[id];
-            let mut front = b.sibling(b.ptr, rounded);
-            front.prev = b.prev;
-            front.next = Some(id);
-            let front_id = self.blocks.insert(front);
-            if let Some(p) = self.blocks[front_id].prev {
-                self.blocks[p].next = Some(front_id);
-            }
-            let rest = &mut self.blocks[id];
-            rest.prev = Some(front_id);
-            rest.ptr += rounded;
-            rest.size -= rounded;
-            let rest_size = rest.size;
-            self.pool_insert(id);
-            self.count_front_split(st, already_split, rounded, rest_size);
-            out = front_id;
+            out = self.split_front(id, rounded, st, already_split);
         } else if already_split {
             let bsize = self.blocks[id].size;
             stats::decrease(&mut self.acct.stats.inactive_split_bytes, st, bsize);
             stats::decrease(&mut self.acct.stats.inactive_split, st, 1);
         }
         self.count_allocated(out, size)
+    }
+
+    /// Splits `rounded` bytes off the front of free block `id` (out of its free list)
+    /// as a new block, returned; `id` keeps the remainder and goes back in its free
+    /// list. Out of line: a block handed out whole (the hot cache's) needs none of it.
+    #[inline(never)]
+    fn split_front(
+        &mut self,
+        id: BlockId,
+        rounded: usize,
+        st: StatType,
+        already_split: bool,
+    ) -> BlockId {
+        let b = &self.blocks[id];
+        let mut front = b.sibling(b.ptr, rounded);
+        front.prev = b.prev;
+        front.next = Some(id);
+        let front_id = self.blocks.insert(front);
+        if let Some(p) = self.blocks[front_id].prev {
+            self.blocks[p].next = Some(front_id);
+        }
+        let rest = &mut self.blocks[id];
+        rest.prev = Some(front_id);
+        rest.ptr += rounded;
+        rest.size -= rounded;
+        let rest_size = rest.size;
+        self.pool_insert(id);
+        self.count_front_split(st, already_split, rounded, rest_size);
+        front_id
     }
 
     /// The statistics of splitting `rounded` bytes off the front of a free block (of a
