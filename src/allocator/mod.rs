@@ -84,10 +84,36 @@ pub struct CachingAllocator {
     observers: RwLock<Vec<OomObserver>>,
 }
 
-thread_local! {
+/// This thread's state on the allocator's paths, in one thread-local (each one a
+/// separate `__tls_get_addr` call in a shared library).
+struct ThreadState {
     /// (allocator id, shard index) of this thread's last allocation: where its next
     /// free most likely belongs.
-    static LAST_SHARD: std::cell::Cell<(u64, u32)> = const { std::cell::Cell::new((0, 0)) };
+    last_shard: std::cell::Cell<(u64, u32)>,
+    /// Depth of nested C ABI panic boundaries on this thread ([`boundary_depth`]).
+    boundary: std::cell::Cell<u32>,
+}
+
+thread_local! {
+    static THREAD: ThreadState = const {
+        ThreadState {
+            last_shard: std::cell::Cell::new((0, 0)),
+            boundary: std::cell::Cell::new(0),
+        }
+    };
+}
+
+/// Adds `delta` to this thread's panic-boundary depth and returns the new depth (the C
+/// library's panic boundary: kept in the allocator's thread-local, whose address a
+/// malloc computes anyway, so an entry point makes one thread-local lookup, not two).
+#[doc(hidden)]
+#[inline]
+pub fn boundary_depth(delta: i32) -> u32 {
+    THREAD.with(|t| {
+        let d = t.boundary.get().wrapping_add_signed(delta);
+        t.boundary.set(d);
+        d
+    })
 }
 
 impl std::fmt::Debug for CachingAllocator {
@@ -266,7 +292,7 @@ impl CachingAllocator {
         match found {
             Ok(Some(ptr)) => {
                 drop(st);
-                LAST_SHARD.with(|c| c.set((self.id, si)));
+                THREAD.with(|t| t.last_shard.set((self.id, si)));
                 Ok(ptr)
             }
             Ok(None) => {
@@ -308,7 +334,7 @@ impl CachingAllocator {
         let ptr = found
             .map_err(|e| self.malloc_failed(e, size))?
             .expect("the last attempt either allocates or reports out of memory");
-        LAST_SHARD.with(|c| c.set((self.id, si)));
+        THREAD.with(|t| t.last_shard.set((self.id, si)));
         Ok(ptr)
     }
 
@@ -470,7 +496,7 @@ impl CachingAllocator {
         hinted: Option<u32>,
         try_free: impl Fn(&Shard) -> bool,
     ) -> Result<(), Error> {
-        let (owner, last) = LAST_SHARD.with(|c| c.get());
+        let (owner, last) = THREAD.with(|t| t.last_shard.get());
         let last = (owner == self.id)
             .then_some(last)
             .filter(|&l| Some(l) != hinted);
@@ -508,7 +534,7 @@ impl CachingAllocator {
                 return Some(v);
             }
         }
-        let (owner, si) = LAST_SHARD.with(|c| c.get());
+        let (owner, si) = THREAD.with(|t| t.last_shard.get());
         if owner == self.id && si != tried[0] {
             tried[1] = si;
             if let Some(v) = attempt(self.shards.by_index(si)) {
