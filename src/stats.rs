@@ -54,10 +54,14 @@ pub struct Stat {
 
 impl Stat {
     /// Adds `amount`.
+    #[inline(always)]
     pub fn increase(&mut self, amount: usize) {
         let a = amount as i64;
         self.current += a;
-        self.peak = self.peak.max(self.current);
+        // A branch, not `max`: at steady state the peak is not passed and not stored.
+        if self.current > self.peak {
+            self.peak = self.current;
+        }
         self.allocated += a;
     }
 
@@ -98,6 +102,7 @@ impl std::ops::IndexMut<StatType> for StatArray {
 }
 
 /// Adds `amount` to the aggregate and to `pool`'s entry.
+#[inline(always)]
 pub fn increase(arr: &mut StatArray, pool: StatType, amount: usize) {
     arr[StatType::Aggregate as usize].increase(amount);
     arr[pool as usize].increase(amount);

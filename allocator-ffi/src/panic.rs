@@ -1,15 +1,12 @@
 //! The panic boundary every exported function runs in.
 
-use std::cell::Cell;
 use std::ffi::c_int;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Once;
 
-use crate::error::{set_last_error, Failure, NPUALLOC_ERR_PANIC, NPUALLOC_OK};
+use npualloc_core::allocator::boundary_depth;
 
-thread_local! {
-    static INSIDE: Cell<u32> = const { Cell::new(0) };
-}
+use crate::error::{set_last_error, Failure, NPUALLOC_ERR_PANIC, NPUALLOC_OK};
 
 /// Keeps panics inside the boundary silent (the message goes to the last error);
 /// panics elsewhere in the process still reach the previous hook.
@@ -18,7 +15,7 @@ fn install_quiet_hook() {
     ONCE.call_once(|| {
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
-            if INSIDE.with(|c| c.get()) == 0 {
+            if boundary_depth(0) == 0 {
                 previous(info);
             }
         }));
@@ -33,12 +30,15 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "unknown panic".to_string())
 }
 
-/// Runs `f`, turning a panic into `on_panic` plus a last-error message.
+/// Runs `f`, turning a panic into `on_panic` plus a last-error message. The depth of
+/// nested boundaries is kept per thread in the allocator's own thread-local state
+/// (`boundary_depth`): in a shared library each thread-local is a `__tls_get_addr`
+/// call, and `npualloc_malloc` reaches that state anyway (issue #18).
 pub(crate) fn boundary<T>(function: &str, on_panic: T, f: impl FnOnce() -> T) -> T {
     install_quiet_hook();
-    INSIDE.with(|c| c.set(c.get() + 1));
+    boundary_depth(1);
     let result = catch_unwind(AssertUnwindSafe(f));
-    INSIDE.with(|c| c.set(c.get() - 1));
+    boundary_depth(-1);
     match result {
         Ok(v) => v,
         Err(payload) => {

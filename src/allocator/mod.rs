@@ -84,10 +84,36 @@ pub struct CachingAllocator {
     observers: RwLock<Vec<OomObserver>>,
 }
 
-thread_local! {
+/// This thread's state on the allocator's paths, in one thread-local (each one a
+/// separate `__tls_get_addr` call in a shared library).
+struct ThreadState {
     /// (allocator id, shard index) of this thread's last allocation: where its next
     /// free most likely belongs.
-    static LAST_SHARD: std::cell::Cell<(u64, u32)> = const { std::cell::Cell::new((0, 0)) };
+    last_shard: std::cell::Cell<(u64, u32)>,
+    /// Depth of nested C ABI panic boundaries on this thread ([`boundary_depth`]).
+    boundary: std::cell::Cell<u32>,
+}
+
+thread_local! {
+    static THREAD: ThreadState = const {
+        ThreadState {
+            last_shard: std::cell::Cell::new((0, 0)),
+            boundary: std::cell::Cell::new(0),
+        }
+    };
+}
+
+/// Adds `delta` to this thread's panic-boundary depth and returns the new depth (the C
+/// library's panic boundary: kept in the allocator's thread-local, whose address a
+/// malloc computes anyway, so an entry point makes one thread-local lookup, not two).
+#[doc(hidden)]
+#[inline]
+pub fn boundary_depth(delta: i32) -> u32 {
+    THREAD.with(|t| {
+        let d = t.boundary.get().wrapping_add_signed(delta);
+        t.boundary.set(d);
+        d
+    })
 }
 
 impl std::fmt::Debug for CachingAllocator {
@@ -187,6 +213,7 @@ impl CachingAllocator {
     }
 
     /// Publishes a shard's count of waiting frees.
+    #[inline]
     fn set_pending(&self, shard: &Shard, n: usize) {
         if shard.pending.load(Ordering::Relaxed) == n {
             return; // the common case: nothing waiting before or after
@@ -223,6 +250,7 @@ impl CachingAllocator {
     }
 
     /// Polls the pending frees of other shards that have any, without waiting for a lock.
+    #[inline(never)]
     fn poll_others(&self, own: u32) {
         for (si, s) in self.shards.iter() {
             if si != own && s.pending.load(Ordering::Relaxed) > 0 {
@@ -235,6 +263,11 @@ impl CachingAllocator {
     }
 
     /// Allocates at least `size` bytes for use on `stream`.
+    ///
+    /// Inlined: a request the stream's shard serves is a lookup, a lock and the shard's
+    /// malloc; the rest (polling other shards, the last-resort retry, errors) is out of
+    /// line.
+    #[inline]
     pub fn malloc(&self, size: usize, stream: StreamHandle) -> Result<DevicePtr, Error> {
         if size == 0 {
             return Err(Error::ZeroSize);
@@ -247,26 +280,50 @@ impl CachingAllocator {
         {
             self.poll_others(si);
         }
-        {
-            let mut st = shard.state.lock();
-            let peers = OtherShards {
-                table: &self.shards,
-                own: stream,
-            };
-            let found = st.malloc(size, false, &peers);
-            self.set_pending(shard, st.pending_count());
-            match found {
-                Ok(Some(ptr)) => {
-                    LAST_SHARD.with(|c| c.set((self.id, si)));
-                    return Ok(ptr);
-                }
-                Ok(None) => {}
-                // e.g. out of memory during a capture, which must not release caches
-                Err(e) => {
-                    drop(st);
-                    return Err(self.malloc_failed(e, size));
-                }
+        let mut st = shard.state.lock();
+        let peers = OtherShards {
+            table: &self.shards,
+            own: stream,
+        };
+        let found = st.malloc(size, false, &peers);
+        self.set_pending(shard, st.pending_count());
+        // Every arm takes `found` apart by value: nothing is left to drop (a catch-all
+        // arm left it to an out-of-line drop call on the fast path). The slow path runs
+        // with the lock released.
+        match found {
+            Ok(Some(ptr)) => {
+                drop(st);
+                THREAD.with(|t| t.last_shard.set((self.id, si)));
+                Ok(ptr)
             }
+            Ok(None) => {
+                drop(st);
+                self.malloc_slow(Ok(None), size, stream, si, shard)
+            }
+            Err(e) => {
+                drop(st);
+                self.malloc_slow(Err(e), size, stream, si, shard)
+            }
+        }
+    }
+
+    /// `malloc` after the shard's own attempt did not allocate (`found`): an error, or
+    /// a last attempt once the other streams' caches are released.
+    #[cold]
+    #[inline(never)]
+    fn malloc_slow(
+        &self,
+        found: Result<Option<DevicePtr>, Error>,
+        size: usize,
+        stream: StreamHandle,
+        si: u32,
+        shard: &Shard,
+    ) -> Result<DevicePtr, Error> {
+        match found {
+            Ok(Some(ptr)) => return Ok(ptr),
+            Ok(None) => {}
+            // e.g. out of memory during a capture, which must not release caches
+            Err(e) => return Err(self.malloc_failed(e, size)),
         }
         // Only the other streams' caches can help: release them one shard at a time
         // (never holding two shard locks), then try once more.
@@ -278,7 +335,7 @@ impl CachingAllocator {
         let ptr = found
             .map_err(|e| self.malloc_failed(e, size))?
             .expect("the last attempt either allocates or reports out of memory");
-        LAST_SHARD.with(|c| c.set((self.id, si)));
+        THREAD.with(|t| t.last_shard.set((self.id, si)));
         Ok(ptr)
     }
 
@@ -409,7 +466,9 @@ impl CachingAllocator {
     }
 
     /// Frees `ptr`, allocated on `stream` (a hint that saves a search, as torch passes
-    /// it; a wrong or absent hint still finds the block).
+    /// it; a wrong or absent hint still finds the block). Inlined: a free the hinted
+    /// shard holds is a lookup, a lock and the shard's free.
+    #[inline]
     pub fn free_on(&self, ptr: DevicePtr, stream: Option<StreamHandle>) -> Result<(), Error> {
         let try_free = |shard: &Shard| -> bool {
             let mut st = shard.state.lock();
@@ -438,7 +497,7 @@ impl CachingAllocator {
         hinted: Option<u32>,
         try_free: impl Fn(&Shard) -> bool,
     ) -> Result<(), Error> {
-        let (owner, last) = LAST_SHARD.with(|c| c.get());
+        let (owner, last) = THREAD.with(|t| t.last_shard.get());
         let last = (owner == self.id)
             .then_some(last)
             .filter(|&l| Some(l) != hinted);
@@ -476,7 +535,7 @@ impl CachingAllocator {
                 return Some(v);
             }
         }
-        let (owner, si) = LAST_SHARD.with(|c| c.get());
+        let (owner, si) = THREAD.with(|t| t.last_shard.get());
         if owner == self.id && si != tried[0] {
             tried[1] = si;
             if let Some(v) = attempt(self.shards.by_index(si)) {

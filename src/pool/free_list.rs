@@ -181,8 +181,18 @@ impl FreeList {
         let skip = skip.map_or(u32::MAX, |id| id as u32);
         let (fl, sl) = mapping(cand.0);
         let own = fl * SL + sl;
-        let (fl, sl) = mapping(size);
-        let mut bin = fl * SL + sl;
+        let mut bin = if size == cand.0 {
+            own
+        } else {
+            let (fl, sl) = mapping(size);
+            fl * SL + sl
+        };
+        if bin == own {
+            // The usual case (the candidate is of the request's bin): later bins are
+            // above `own`, so only this bin can hold a better fit.
+            return Self::smallest_fit(&self.bins[bin], size, skip)
+                .is_none_or(|e| cand < (e.size, e.ptr));
+        }
         loop {
             if bin > own {
                 return true;
@@ -361,14 +371,18 @@ impl StreamMap {
     /// The free lists of pool `key`, created empty if needed.
     #[inline]
     pub fn get_or_default(&mut self, key: PoolTag) -> &mut StreamPools {
-        let i = match self.entries.iter().position(|e| e.0 == key) {
-            Some(i) => i,
-            None => {
-                self.entries.push((key, StreamPools::default()));
-                self.entries.len() - 1
-            }
-        };
-        &mut self.entries[i].1
+        match self.entries.iter().position(|e| e.0 == key) {
+            Some(i) => &mut self.entries[i].1,
+            None => self.push_default(key),
+        }
+    }
+
+    /// Adds empty free lists for pool `key` (once per pool: out of the fast path).
+    #[cold]
+    #[inline(never)]
+    fn push_default(&mut self, key: PoolTag) -> &mut StreamPools {
+        self.entries.push((key, StreamPools::default()));
+        &mut self.entries.last_mut().expect("just pushed").1
     }
 
     /// Every stream's pools.

@@ -16,6 +16,8 @@ pub struct PtrTable {
     keys: Vec<DevicePtr>,
     vals: Vec<BlockId>,
     len: usize,
+    /// Most entries before the table grows: 3/8 of the slots.
+    limit: usize,
     shift: u32,
 }
 
@@ -31,6 +33,7 @@ impl PtrTable {
             keys: vec![0; slots],
             vals: vec![0; slots],
             len: 0,
+            limit: slots / 8 * 3,
             shift: 64 - slots.trailing_zeros(),
         }
     }
@@ -54,7 +57,7 @@ impl PtrTable {
     #[inline]
     pub fn insert(&mut self, ptr: DevicePtr, id: BlockId) {
         debug_assert!(ptr != 0);
-        if (self.len + 1) * 8 > self.keys.len() * 3 {
+        if self.len >= self.limit {
             self.grow();
         }
         let mut i = self.home(ptr);

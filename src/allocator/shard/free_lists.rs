@@ -121,29 +121,42 @@ impl ShardState {
         let already_split = self.blocks[id].is_split();
         let mut out = id;
         if self.should_split(&self.blocks[id], rounded) {
-            // The front becomes a new block; the original keeps the remainder.
-            let b = &self.blocks[id];
-            let mut front = b.sibling(b.ptr, rounded);
-            front.prev = b.prev;
-            front.next = Some(id);
-            let front_id = self.blocks.insert(front);
-            if let Some(p) = self.blocks[front_id].prev {
-                self.blocks[p].next = Some(front_id);
-            }
-            let rest = &mut self.blocks[id];
-            rest.prev = Some(front_id);
-            rest.ptr += rounded;
-            rest.size -= rounded;
-            let rest_size = rest.size;
-            self.pool_insert(id);
-            self.count_front_split(st, already_split, rounded, rest_size);
-            out = front_id;
+            out = self.split_front(id, rounded, st, already_split);
         } else if already_split {
             let bsize = self.blocks[id].size;
             stats::decrease(&mut self.acct.stats.inactive_split_bytes, st, bsize);
             stats::decrease(&mut self.acct.stats.inactive_split, st, 1);
         }
         self.count_allocated(out, size)
+    }
+
+    /// Splits `rounded` bytes off the front of free block `id` (out of its free list)
+    /// as a new block, returned; `id` keeps the remainder and goes back in its free
+    /// list. Out of line: a block handed out whole (the hot cache's) needs none of it.
+    #[inline(never)]
+    fn split_front(
+        &mut self,
+        id: BlockId,
+        rounded: usize,
+        st: StatType,
+        already_split: bool,
+    ) -> BlockId {
+        let b = &self.blocks[id];
+        let mut front = b.sibling(b.ptr, rounded);
+        front.prev = b.prev;
+        front.next = Some(id);
+        let front_id = self.blocks.insert(front);
+        if let Some(p) = self.blocks[front_id].prev {
+            self.blocks[p].next = Some(front_id);
+        }
+        let rest = &mut self.blocks[id];
+        rest.prev = Some(front_id);
+        rest.ptr += rounded;
+        rest.size -= rounded;
+        let rest_size = rest.size;
+        self.pool_insert(id);
+        self.count_front_split(st, already_split, rounded, rest_size);
+        front_id
     }
 
     /// The statistics of splitting `rounded` bytes off the front of a free block (of a
@@ -212,15 +225,20 @@ impl ShardState {
             && b.pool.is_none()
             && self.shared.config.hot_cache
             && !b.dirty;
-        let hot = &mut self.pools.get_or_default(None).hot;
-        if small && hot.len() < HOT_CAPACITY {
-            hot.push((size, id));
-            self.blocks[id].phase = Phase::Hot;
-            if split {
-                stats::increase(&mut self.acct.stats.inactive_split, st, 1);
-                stats::increase(&mut self.acct.stats.inactive_split_bytes, st, size);
+        // The hot cache is looked up for small blocks only (a large free never uses it).
+        if small {
+            let hot = &mut self.pools.get_or_default(None).hot;
+            if hot.len() < HOT_CAPACITY {
+                // A large request skips the hot cache (`ladder.rs`, `take_own_cache`).
+                debug_assert!(size <= SMALL_SIZE, "a hot block of a small request's size");
+                hot.push((size, id));
+                self.blocks[id].phase = Phase::Hot;
+                if split {
+                    stats::increase(&mut self.acct.stats.inactive_split, st, 1);
+                    stats::increase(&mut self.acct.stats.inactive_split_bytes, st, size);
+                }
+                return;
             }
-            return;
         }
         if may_defer && self.defer_merge(id) {
             return;

@@ -98,10 +98,15 @@ impl ShardState {
     }
 
     /// Rung 1: a hot block of the exact size, else best fit in this stream's free lists.
+    /// The hot cache holds handed-out small-pool blocks only, whose sizes are their
+    /// rounded requests (at most `SMALL_SIZE`): a large request skips it.
     #[inline(always)]
     fn take_own_cache(&mut self, req: &Request) -> Option<BlockId> {
-        self.hot_take(req.rounded)
-            .or_else(|| self.take_unmerged(req.kind, req.rounded))
+        let hot = match req.kind {
+            PoolKind::Small => self.hot_take(req.rounded),
+            PoolKind::Large => None,
+        };
+        hot.or_else(|| self.take_unmerged(req.kind, req.rounded))
             .or_else(|| self.get_free_block(req.kind, req.rounded))
     }
 

@@ -172,8 +172,8 @@ impl ShardState {
     /// cache or with nothing deferred stay as short as they were).
     #[inline(never)]
     fn take_deferred(&mut self, kind: PoolKind, rounded: usize) -> Option<BlockId> {
-        let m = self.lazy?;
-        if !self.serves(&m, kind, rounded) {
+        let (front, rest) = self.lazy.as_ref().map(|m| (m.front, m.rest))?;
+        if !self.serves(front, rest, kind, rounded) {
             self.finish_merge();
             return None;
         }
@@ -181,18 +181,26 @@ impl ShardState {
         if self.gc_enabled() {
             self.reclaim.gc_calls += 1;
         }
-        self.lazy = Some(LazyMerge { taken: true, ..m });
-        Some(m.front)
+        if let Some(m) = self.lazy.as_mut() {
+            m.taken = true;
+        }
+        Some(front)
     }
 
     /// Whether `get_free_block(kind, rounded)` on the merged lists would return the
     /// merged block (and, with a merge deferred, `alloc_found_block` split it).
-    fn serves(&self, m: &LazyMerge, kind: PoolKind, rounded: usize) -> bool {
-        let f = &self.blocks[m.front];
+    fn serves(
+        &self,
+        front: BlockId,
+        rest: Option<BlockId>,
+        kind: PoolKind,
+        rounded: usize,
+    ) -> bool {
+        let f = &self.blocks[front];
         if f.kind != kind || f.pool != self.route() {
             return false;
         }
-        let merged = f.size + m.rest.map_or(0, |r| self.blocks[r].size);
+        let merged = f.size + rest.map_or(0, |r| self.blocks[r].size);
         if merged < rounded {
             return false;
         }
@@ -204,7 +212,7 @@ impl ShardState {
         if rounded >= max_split && merged >= rounded.saturating_add(config.max_non_split_rounding) {
             return false;
         }
-        if m.rest.is_some() && !self.split_rule(f.vm.is_some(), kind, merged, rounded) {
+        if rest.is_some() && !self.split_rule(f.vm.is_some(), kind, merged, rounded) {
             return false;
         }
         // A block that may get a head split (`base_addr_aligned_kb`) is merged first.
@@ -213,11 +221,11 @@ impl ShardState {
             return false;
         }
         // Nothing else cached (the usual case of one large pair), or best fit picks it.
-        self.pools.get(&f.pool).is_some_and(|p| {
-            let list = p.get(kind);
-            list.len() == usize::from(m.rest.is_some())
-                || list.would_pick(rounded, (merged, f.ptr), m.rest)
-        })
+        let Some(p) = self.pools.get(&f.pool) else {
+            return false;
+        };
+        let list = p.get(kind);
+        list.len() == usize::from(rest.is_some()) || list.would_pick(rounded, (merged, f.ptr), rest)
     }
 
     /// `alloc_found_block` for the block `take_unmerged` handed out (`id`, the deferred
