@@ -188,15 +188,7 @@ impl CachingAllocator {
 
     /// Publishes a shard's count of waiting frees.
     fn set_pending(&self, shard: &Shard, n: usize) {
-        if shard.pending.load(Ordering::Relaxed) == n {
-            return; // the common case: nothing waiting before or after
-        }
-        let old = shard.pending.swap(n, Ordering::Relaxed);
-        if old != n {
-            self.shared
-                .pending_total
-                .fetch_add(n as isize - old as isize, Ordering::Relaxed);
-        }
+        publish_pending(&self.shared, shard, n);
     }
 
     /// Runs `f` on `shard`'s locked state, then publishes its count of waiting frees.
@@ -251,6 +243,7 @@ impl CachingAllocator {
             let peers = OtherShards {
                 table: &self.shards,
                 own: stream,
+                shared: &self.shared,
             };
             let found = st.malloc(size, false, &peers);
             self.set_pending(shard, st.pending_count());
@@ -663,10 +656,26 @@ impl CachingAllocator {
     }
 }
 
-/// The other shards of an allocator, visited without waiting for their locks.
+/// Publishes `shard`'s count of waiting frees `n` (and the device-wide total).
+#[inline]
+fn publish_pending(shared: &Shared, shard: &Shard, n: usize) {
+    if shard.pending.load(Ordering::Relaxed) == n {
+        return; // the common case: nothing waiting before or after
+    }
+    let old = shard.pending.swap(n, Ordering::Relaxed);
+    if old != n {
+        shared
+            .pending_total
+            .fetch_add(n as isize - old as isize, Ordering::Relaxed);
+    }
+}
+
+/// The other shards of an allocator, visited without waiting for their locks; each
+/// visit publishes the shard's count of waiting frees (a pending free may be lent).
 struct OtherShards<'a> {
     table: &'a ShardTable,
     own: StreamHandle,
+    shared: &'a Shared,
 }
 
 impl Peers for OtherShards<'_> {
@@ -677,7 +686,9 @@ impl Peers for OtherShards<'_> {
             }
             if let Some(mut st) = s.state.try_lock() {
                 st.finish_merge();
-                if !f(&mut st) {
+                let go_on = f(&mut st);
+                publish_pending(self.shared, s, st.pending_count());
+                if !go_on {
                     break;
                 }
             }

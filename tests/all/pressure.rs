@@ -114,3 +114,126 @@ fn a_block_taken_under_pressure_is_ordered_after_the_streams_it_was_used_on() {
     let c = sim.counters(0);
     assert_eq!((c.synchronizations, c.stream_waits, c.mallocs), (0, 1, 1));
 }
+
+/// Issue #16, another stream's pending free: on a 30 MiB device, a 24 MiB block of the
+/// default stream, used by stream `s1`'s queued work, is freed (pending on `s1`); then
+/// `s1` asks for 8 MiB (no growth fits). Returns the device, the allocator, `s1`, a
+/// third stream `s2`, `s1`'s last queued operation at the free, the freed block and
+/// `s1`'s own small buffer.
+fn pending_on_another_stream(
+    mode: npualloc::device::sim::SimMode,
+    backed: bool,
+) -> (
+    std::sync::Arc<npualloc::device::sim::SimDevice>,
+    npualloc::CachingAllocator,
+    [npualloc::StreamHandle; 2],
+    u64,
+    usize,
+    usize,
+) {
+    const MIB: usize = 1 << 20;
+    let (sim, a) = crate::common::with(30 * MIB, mode, backed, "");
+    let (s1, s2) = (sim.create_stream(0).unwrap(), sim.create_stream(0).unwrap());
+    let main = npualloc::StreamHandle::DEFAULT;
+    let out = a.malloc(4096, s1).unwrap();
+    let x = a.malloc(24 * MIB, main).unwrap();
+    a.record_stream(x, s1).unwrap();
+    sim.launch(0, s1, |_| {}).unwrap();
+    let op = sim.position(0, s1).unwrap().0;
+    a.free(x).unwrap();
+    (sim, a, [s1, s2], op, x, out)
+}
+
+#[test]
+fn another_streams_pending_free_orders_every_later_taker_after_its_streams() {
+    // s1 takes the front of the default stream's pending 24 MiB block (a device-side
+    // wait across shards); s2 then borrows the rest. Fails if the rest goes back to
+    // the default stream's free lists without a mark: s2 would not be ordered after
+    // s1's work on the block (the default stream itself is not).
+    use npualloc::device::sim::SimMode;
+    let (sim, a, [s1, s2], op, x, out) = pending_on_another_stream(SimMode::Manual, false);
+    let main = npualloc::StreamHandle::DEFAULT;
+    sim.launch(0, main, |_| {}).unwrap();
+    let main_op = sim.position(0, main).unwrap().0;
+    let front = a.malloc(8 << 20, s1).unwrap();
+    assert_eq!(front, x, "the pending free serves s1");
+    assert!(sim.ordered_after(0, s1, main, main_op).unwrap());
+    let rest = a.malloc(8 << 20, s2).unwrap();
+    assert_eq!(rest, x + (8 << 20), "s2 borrows the rest of the block");
+    assert!(sim.position(0, s1).unwrap().1 < op, "s1 has not run");
+    assert!(
+        sim.ordered_after(0, s2, s1, op).unwrap(),
+        "s2 may run before s1's work on the block"
+    );
+    let c = sim.counters(0);
+    assert_eq!((c.synchronizations, c.mallocs), (0, 2));
+    crate::common::check(&a);
+    for p in [front, rest, out] {
+        a.free(p).unwrap();
+    }
+    for s in [main, s1, s2, s1, s2] {
+        sim.complete_stream(0, s).unwrap();
+    }
+    crate::common::assert_drained(&sim, &a);
+}
+
+#[test]
+fn another_streams_pending_free_on_real_streams_and_memory() {
+    // The same on the threaded device with backed memory, 10 rounds: s1's slow kernel
+    // reads the block after the default stream wrote it; s1 (on the front) and s2 (on
+    // the rest) then overwrite it at once. Any reuse before s1's read corrupts `out`.
+    use npualloc::device::sim::{SimMemory, SimMode};
+    use npualloc::Device;
+    const N: usize = 1024;
+    for round in 0..10 {
+        let (sim, a) = crate::common::with(30 << 20, SimMode::Threaded, true, "");
+        let (s1, s2) = (sim.create_stream(0).unwrap(), sim.create_stream(0).unwrap());
+        let main = npualloc::StreamHandle::DEFAULT;
+        let out = a.malloc(N * 4, s1).unwrap();
+        let x = a.malloc(24 << 20, main).unwrap();
+        let probe = x + (8 << 20); // in the rest of the block, which s2 gets
+        let v = round as f32 + 1.0;
+        sim.launch(0, main, move |m: &SimMemory| {
+            m.fill_f32(probe, N, v);
+        })
+        .unwrap();
+        let ev = sim.event_create(0).unwrap();
+        sim.event_record(0, ev, main).unwrap();
+        sim.stream_wait_event(0, s1, ev).unwrap();
+        sim.launch(0, s1, move |m: &SimMemory| {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            let d = m.read_f32(probe, N).unwrap();
+            m.write_f32(out, &d);
+        })
+        .unwrap();
+        a.record_stream(x, s1).unwrap();
+        a.free(x).unwrap(); // s1's kernel is still running (or not started)
+        let front = a.malloc(8 << 20, s1).unwrap();
+        let rest = a.malloc(8 << 20, s2).unwrap();
+        assert_eq!(
+            (front, rest),
+            (x, probe),
+            "round {round}: not the pending block"
+        );
+        for (s, p) in [(s1, front), (s2, rest)] {
+            sim.launch(0, s, move |m: &SimMemory| {
+                m.fill_f32(p, N, -1.0);
+            })
+            .unwrap();
+        }
+        sim.synchronize_device(0).unwrap();
+        let got = sim.memory(0).unwrap().read_f32(out, N).unwrap();
+        assert!(
+            got.iter().all(|&d| d == v),
+            "round {round}: {:?}",
+            &got[..4]
+        );
+        let c = sim.counters(0);
+        assert_eq!((c.violations, c.mallocs), (0, 2));
+        sim.event_destroy(0, ev).unwrap();
+        for p in [front, rest, out] {
+            a.free(p).unwrap();
+        }
+        crate::common::assert_drained(&sim, &a);
+    }
+}

@@ -14,8 +14,9 @@
 //!    high-water mark, then a device malloc (with expandable segments: map pages);
 //!    past the reserve budget, the device-side wait of rung 5 first;
 //! 5. **release and grow**: oversize cached blocks back (`max_split_size_mb`), grow
-//!    again; then **wait on the device** for a pending free that fits (`pressure.rs`;
-//!    only when growth failed or would pass the reserve budget);
+//!    again; then **wait on the device** for a pending free that fits: this stream's
+//!    own, else another stream's, lent (`pressure.rs`; only when growth failed or
+//!    would pass the reserve budget);
 //! 6. **release everything and grow** (`others_released`: the caller has released the
 //!    other shards' caches without this shard's lock): wait for every pending free,
 //!    release every cached segment, grow; else out of memory.
@@ -148,8 +149,8 @@ impl ShardState {
             return Ok(Some(Grant::Lent(ptr)));
         }
         if self.over_budget(seg_size) {
-            if let Some(id) = self.wait_for_pending_free(req) {
-                return Ok(Some(Grant::Own(id)));
+            if let Some(grant) = self.pressure_rung(req, peers) {
+                return Ok(Some(grant));
             }
         }
         if !regrow {
@@ -160,8 +161,8 @@ impl ShardState {
         if let Some(id) = self.release_oversize_and_grow(req, seg_size)? {
             return Ok(Some(Grant::Own(id)));
         }
-        if let Some(id) = self.wait_for_pending_free(req) {
-            return Ok(Some(Grant::Own(id)));
+        if let Some(grant) = self.pressure_rung(req, peers) {
+            return Ok(Some(grant));
         }
         // Only releasing every cache (the other streams' too) can help now; not
         // during a capture, which must not synchronise.
