@@ -13,6 +13,9 @@ case of `npualloc derive` (comm16, comm64, comm256, branch, rr4), runs
         --min-capacity --json
     npualloc replay CASE --conf "" --capacity <PyTorch's min capacity> --json
 
+(--ours SETTINGS replaces "" by SETTINGS, and the middle column's by
+SETTINGS,wait_before_growth:False.)
+
 and prints one markdown row per case: the defaults' uncapped ratio, min capacity,
 device waits, stalled waits and host syncs at their own min capacity; min capacity and
 host syncs without the device-side wait (`wait_before_growth:False`); PyTorch's policy's
@@ -31,7 +34,6 @@ import sys
 import tempfile
 
 CASES = ["comm16", "comm64", "comm256", "branch", "rr4"]
-CONFS = ["", "wait_before_growth:False", "pytorch"]
 TARGET = 1.15
 
 
@@ -43,8 +45,9 @@ def run(binary, args):
     return out.stdout
 
 
-def measure(binary, traces):
+def measure(binary, traces, conf=""):
     rows = []
+    nowait_conf = ",".join(x for x in [conf, "wait_before_growth:False"] if x)
     with tempfile.TemporaryDirectory() as work:
         for t in traces:
             name = os.path.basename(t).removesuffix(".trace")
@@ -52,14 +55,14 @@ def measure(binary, traces):
                 path = os.path.join(work, f"{name}-{c}.trace")
                 run(binary, ["derive", t, "--case", c, "-o", path])
                 args = ["replay", "-q", "--json", "--min-capacity", path]
-                for conf in CONFS:
-                    args += ["--conf", conf]
+                for x in [conf, nowait_conf, "pytorch"]:
+                    args += ["--conf", x]
                 ours, nowait, pt = json.loads(run(binary, args))
                 cap = pt["min_capacity"]["bytes"]
                 at_pt = json.loads(
                     run(
                         binary,
-                        ["replay", "-q", "--json", path, "--conf", "", "--capacity", str(cap)],
+                        ["replay", "-q", "--json", path, "--conf", conf, "--capacity", str(cap)],
                     )
                 )[0]
                 rows.append(
@@ -112,6 +115,7 @@ def main():
     ap.add_argument("--npualloc", default="target/release/npualloc")
     ap.add_argument("--zoo", action="store_true", help="also the zoo traces")
     ap.add_argument("--json", help="write the raw reports here")
+    ap.add_argument("--ours", default="", help="npualloc's settings (default: the defaults)")
     ap.add_argument("--from", dest="source", help="print the table from a --json file")
     ap.add_argument("traces", nargs="*", help="instead of the shipped traces")
     args = ap.parse_args()
@@ -122,7 +126,7 @@ def main():
         traces = args.traces or sorted(glob.glob("traces/*.trace"))
         if args.zoo:
             traces += sorted(glob.glob("traces/zoo/*.trace"))
-        rows = measure(args.npualloc, traces)
+        rows = measure(args.npualloc, traces, args.ours)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(rows, f)

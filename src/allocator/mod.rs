@@ -21,10 +21,12 @@
 //! Layout: `shards.rs` the stream → shard table (boxed shards, found without a lock);
 //! `shared.rs` what the shards share (the device context: device, index, settings,
 //! profiler markers; device-wide counters); `shard/` one stream's shard state, one file
-//! per concern (the ladder above is `shard/ladder.rs`); `oom.rs` torch_npu's
+//! per concern (the ladder above is `shard/ladder.rs`); `last_resort.rs` the rungs
+//! that release the other streams' caches and synchronise; `oom.rs` torch_npu's
 //! out-of-memory message; `invariants.rs` the checker that recounts a shard.
 
 mod invariants;
+mod last_resort;
 mod oom;
 mod shard;
 mod shards;
@@ -41,7 +43,7 @@ use crate::error::Error;
 use crate::pool::BlockId;
 use crate::profiling::Mstx;
 use crate::stats::{DeviceStats, PrivatePoolStats, Stat, StatArray};
-use shard::{NoPeers, Peers, ShardState};
+use shard::{Peers, ShardState};
 use shards::{Shard, ShardTable};
 use shared::Shared;
 
@@ -260,16 +262,7 @@ impl CachingAllocator {
                 }
             }
         }
-        // Only the other streams' caches can help: release them one shard at a time
-        // (never holding two shard locks), then try once more.
-        let _ = self.for_other_shards(stream, |st| {
-            let _ = st.release_cached_blocks();
-            Ok::<(), Error>(())
-        });
-        let found = self.with_shard(shard, |st| st.malloc(size, true, &NoPeers));
-        let ptr = found
-            .map_err(|e| self.malloc_failed(e, size))?
-            .expect("the last attempt either allocates or reports out of memory");
+        let ptr = self.last_resort(size, shard)?;
         LAST_SHARD.with(|c| c.set((self.id, si)));
         Ok(ptr)
     }

@@ -237,3 +237,44 @@ fn another_streams_pending_free_on_real_streams_and_memory() {
         crate::common::assert_drained(&sim, &a);
     }
 }
+
+/// The last rungs (`allocator/last_resort.rs`) on a 64 MiB device: stream `s1` caches a
+/// free 40 MiB segment, the default stream holds a small free pending on `s1`'s queued
+/// work; then the default stream asks for 50 MiB. Returns the host syncs, retries and
+/// whether the small block's event completed.
+fn last_rungs(conf: &str) -> (u64, u64, bool) {
+    use npualloc::device::sim::SimMode;
+    let (sim, a) = crate::common::with(64 << 20, SimMode::Manual, false, conf);
+    let s1 = sim.create_stream(0).unwrap();
+    let main = npualloc::StreamHandle::DEFAULT;
+    let cached = a.malloc(40 << 20, s1).unwrap();
+    a.free(cached).unwrap();
+    let small = a.malloc(4096, main).unwrap();
+    a.record_stream(small, s1).unwrap();
+    sim.launch(0, s1, |_| {}).unwrap();
+    a.free(small).unwrap();
+    let p = a.malloc(50 << 20, main).unwrap();
+    crate::common::check(&a);
+    let ran = sim.pending(0, s1).unwrap() == 0;
+    let (syncs, retries) = (
+        sim.counters(0).synchronizations,
+        a.stats().num_alloc_retries,
+    );
+    a.free(p).unwrap();
+    sim.complete_stream(0, s1).unwrap();
+    crate::common::assert_drained(&sim, &a);
+    (syncs, retries as u64, ran)
+}
+
+#[test]
+fn cached_segments_that_need_no_host_wait_go_back_before_any_synchronisation() {
+    // Without reclaim before growth (which would give s1's idle segment back sooner),
+    // the first of the last rungs releases s1's clean segment and grows, without
+    // waiting for s1; on PyTorch's path the pending free's stream is synchronised
+    // first.
+    assert_eq!(last_rungs("reclaim_before_growth:False"), (0, 1, false));
+    assert_eq!(
+        last_rungs("reclaim_before_growth:False,wait_before_growth:False"),
+        (1, 1, true)
+    );
+}

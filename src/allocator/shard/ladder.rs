@@ -17,9 +17,12 @@
 //!    again; then **wait on the device** for a pending free that fits: this stream's
 //!    own, else another stream's, lent (`pressure.rs`; only when growth failed or
 //!    would pass the reserve budget);
-//! 6. **release everything and grow** (`others_released`: the caller has released the
-//!    other shards' caches without this shard's lock): wait for every pending free,
-//!    release every cached segment, grow; else out of memory.
+//! 6. **release everything and grow** (`others_released`: the caller,
+//!    `../last_resort.rs`, first gave back every stream's cached segments that need no
+//!    host wait and ran this ladder again, then released the other shards' caches
+//!    without this shard's lock): wait for every pending free (on npualloc's path each
+//!    stream holding one is synchronised once, `events.rs`), release every cached
+//!    segment, grow; else out of memory.
 //!
 //! Contract: `malloc` either hands out a block (its pointer mapped in `ptrs`), returns
 //! `Ok(None)` when only rung 6 could help, or fails with out of memory after counting it.
