@@ -11,7 +11,9 @@
 //!    request size while the device does not grow (a steady loop) grows first instead
 //!    (rung 4 moved up, `lending.rs`'s repeat rule), and borrows if that fails;
 //! 4. **grow**: idle empty segments back first if reserved memory would pass its
-//!    high-water mark, then a device malloc (with expandable segments: map pages);
+//!    high-water mark, then a device malloc (with expandable segments: map pages; when
+//!    the device or the memory fraction cannot give an adaptive segment, PyTorch's
+//!    smaller size, `alloc_segment`; also in rungs 5 and 6);
 //!    past the reserve budget, the device-side wait of rung 5 first;
 //! 5. **release and grow**: oversize cached blocks back (`max_split_size_mb`), grow
 //!    again; then **wait on the device** for a pending free that fits: this stream's
@@ -193,7 +195,7 @@ impl ShardState {
         peers: &dyn Peers,
     ) -> Result<Option<BlockId>, Error> {
         self.release_empty_before_growth(seg_size, peers);
-        self.alloc_block(seg_size, req.stream, req.kind)
+        self.alloc_segment(req, seg_size)
     }
 
     /// Rung 5: oversize cached blocks of this stream back to the device
@@ -204,7 +206,7 @@ impl ShardState {
         seg_size: usize,
     ) -> Result<Option<BlockId>, Error> {
         if self.release_available_cached_blocks(req.kind, req.rounded) {
-            return self.alloc_block(seg_size, req.stream, req.kind);
+            return self.alloc_segment(req, seg_size);
         }
         Ok(None)
     }
@@ -222,7 +224,7 @@ impl ShardState {
             let grown = if expandable {
                 self.vm_grow(req.stream, req.kind, req.rounded)?
             } else {
-                self.alloc_block(seg_size, req.stream, req.kind)?
+                self.alloc_segment(req, seg_size)?
             };
             if let Some(id) = grown {
                 return Ok(Grant::Own(id));
@@ -329,6 +331,21 @@ impl ShardState {
         }
     }
 
+    /// A new segment for `req`: `seg_size` bytes, or, when the device (or the memory
+    /// fraction) cannot give that many and adaptive sizing made it larger than
+    /// PyTorch's, PyTorch's size: memory is short, and a segment that fits beats a
+    /// larger one that does not (measured: without it the defaults ran out of memory
+    /// at PyTorch's smallest device on most derived cases, benches/README.md).
+    fn alloc_segment(&mut self, req: &Request, seg_size: usize) -> Result<Option<BlockId>, Error> {
+        if let Some(id) = self.alloc_block(seg_size, req.stream, req.kind)? {
+            return Ok(Some(id));
+        }
+        match allocation_size(req.rounded) {
+            Some(pytorch) if pytorch < seg_size => self.alloc_block(pytorch, req.stream, req.kind),
+            _ => Ok(None),
+        }
+    }
+
     /// Allocates a whole segment; `Ok(None)` when the device (or the fraction) is full.
     pub(super) fn alloc_block(
         &mut self,
@@ -369,7 +386,7 @@ impl ShardState {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::{check, free, shard};
+    use super::super::testing::{check, device, free, shard};
     use super::super::NoPeers;
     use crate::device::MempoolId;
     use crate::error::Error;
@@ -408,6 +425,18 @@ mod tests {
         let q = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
         assert_eq!(p, q);
         assert_eq!(sim.counters(0).mallocs, 1);
+        check(&st);
+    }
+
+    #[test]
+    fn a_short_device_takes_pytorchs_segment_size_when_the_adaptive_one_does_not_fit() {
+        // 12 MiB asks for a 20 MiB adaptive segment; a 16 MiB device cannot give it,
+        // PyTorch's 12 MiB one fits.
+        let (sim, shared) = device(16 << 20, "");
+        let mut st = super::super::ShardState::new(crate::device::StreamHandle::DEFAULT, shared);
+        assert_eq!(st.segment_size(12 << 20), Some(20 << 20));
+        assert!(st.malloc(12 << 20, false, &NoPeers).unwrap().is_some());
+        assert_eq!((sim.counters(0).mallocs, st.acct.reserved), (1, 12 << 20));
         check(&st);
     }
 
