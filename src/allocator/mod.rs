@@ -3,9 +3,12 @@
 //! `malloc` order (PyTorch's, with npualloc's additions in brackets): poll pending
 //! frees → best fit in the stream's pool → garbage collection (with a memory
 //! fraction) → [borrow a wholly free segment of another stream → borrow a free block of
-//! another stream's pool → return idle empty segments] → device malloc → release
-//! oversize cached blocks and retry → release every cached segment (synchronising
-//! events) and retry → out of memory.
+//! another stream's pool → return idle empty segments] → device malloc [PyTorch's size
+//! if the adaptive one does not fit] → release oversize cached blocks and retry → [wait
+//! on the device for a pending free, this stream's or another's → release every
+//! stream's cached segments that need no host wait and retry] → release every cached
+//! segment (synchronising events [only the streams holding pending frees, once each])
+//! and retry → out of memory.
 //!
 //! Locking: each stream has its own shard (block arena, free lists, events, statistics)
 //! behind its own mutex, found without a lock; blocks are reused on their own stream,
