@@ -8,8 +8,10 @@
 //!    without expandable segments; skipped when nothing was released);
 //! 2. **host-synchronise only the streams that hold pending frees** (each once, at the
 //!    event of its last pending free: `synchronize_and_free_events`), release every
-//!    cached segment of every stream, grow; else out of memory. PyTorch's policy takes
-//!    this rung alone, and synchronises every pending event, as PyTorch does.
+//!    cached segment of every stream, grow; else borrow a free block of another stream
+//!    (frees just synchronised may have merged into one that fits); else out of memory.
+//!    PyTorch's policy takes this rung alone, synchronises every pending event, as
+//!    PyTorch does, and borrows nothing.
 //!
 //! Locking: one shard lock at a time, never two; the allocating shard's lock is not held
 //! while the other shards' caches are released (the retry of rung 1 visits the others
@@ -36,7 +38,15 @@ impl CachingAllocator {
             let _ = st.release_cached_blocks();
             Ok::<(), Error>(())
         });
-        let found = self.with_shard(shard, |st| st.malloc(size, true, &NoPeers));
+        let peers = OtherShards {
+            table: &self.shards,
+            own: shard.stream,
+            shared: &self.shared,
+        };
+        let lend = config.wait_before_growth && config.lend_blocks;
+        let found = self.with_shard(shard, |st| {
+            st.malloc(size, true, if lend { &peers } else { &NoPeers })
+        });
         let ptr = found
             .map_err(|e| self.malloc_failed(e, size))?
             .expect("the last attempt either allocates or reports out of memory");

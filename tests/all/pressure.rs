@@ -277,3 +277,41 @@ fn cached_segments_that_need_no_host_wait_go_back_before_any_synchronisation() {
         (1, 1, true)
     );
 }
+
+#[test]
+fn after_the_last_synchronisation_merged_frees_of_another_stream_are_lent() {
+    // On a 30 MiB device the default stream's segment holds A and B (8 MiB each, both
+    // used on s1 and freed: pending) and a live anchor; s2 asks for 16 MiB. Neither
+    // pending free fits alone and nothing can grow; once the last rung synchronised s1,
+    // A and B merge into a 16 MiB free block, which is lent to s2 instead of failing.
+    use npualloc::device::sim::SimMode;
+    let (sim, a) = crate::common::with(30 << 20, SimMode::Manual, false, "");
+    let (s1, s2) = (sim.create_stream(0).unwrap(), sim.create_stream(0).unwrap());
+    let main = npualloc::StreamHandle::DEFAULT;
+    let x = a.malloc(8 << 20, main).unwrap();
+    let y = a.malloc(8 << 20, main).unwrap();
+    let anchor = a.malloc(4 << 20, main).unwrap();
+    assert_eq!((y, a.stats().num_device_alloc), (x + (8 << 20), 1));
+    for p in [x, y] {
+        a.record_stream(p, s1).unwrap();
+    }
+    sim.launch(0, s1, |_| {}).unwrap();
+    a.free(x).unwrap();
+    a.free(y).unwrap();
+    let q = a.malloc(16 << 20, s2).unwrap();
+    assert_eq!(q, x, "the merged frees serve it");
+    let s = a.stats();
+    assert_eq!(
+        (s.num_ooms, s.num_alloc_retries, s.num_device_alloc),
+        (0, 1, 1)
+    );
+    assert_eq!(sim.counters(0).synchronizations, 1, "s1, once");
+    crate::common::check(&a);
+    for p in [q, anchor] {
+        a.free(p).unwrap();
+    }
+    for s in [main, s1, s2, main] {
+        sim.complete_stream(0, s).unwrap();
+    }
+    crate::common::assert_drained(&sim, &a);
+}

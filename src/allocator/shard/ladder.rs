@@ -24,7 +24,8 @@
 //!    host wait and ran this ladder again, then released the other shards' caches
 //!    without this shard's lock): wait for every pending free (on npualloc's path each
 //!    stream holding one is synchronised once, `events.rs`), release every cached
-//!    segment, grow; else out of memory.
+//!    segment, grow; else (npualloc's path) borrow another stream's free block, which
+//!    the synchronised frees may have merged; else out of memory.
 //!
 //! Contract: `malloc` either hands out a block (its pointer mapped in `ptrs`), returns
 //! `Ok(None)` when only rung 6 could help, or fails with out of memory after counting it.
@@ -126,7 +127,7 @@ impl ShardState {
             return Ok(Some(Grant::Own(id)));
         }
         if others_released {
-            return self.release_all_and_grow(req, seg_size).map(Some);
+            return self.release_all_and_grow(req, seg_size, peers).map(Some);
         }
         if self.shared.config.expandable_segments {
             // Another stream's free block before mapping pages.
@@ -213,7 +214,12 @@ impl ShardState {
 
     /// Rung 6, the last resort: wait for all pending frees, release every cached
     /// segment, grow; else out of memory.
-    fn release_all_and_grow(&mut self, req: &Request, seg_size: usize) -> Result<Grant, Error> {
+    fn release_all_and_grow(
+        &mut self,
+        req: &Request,
+        seg_size: usize,
+        peers: &dyn Peers,
+    ) -> Result<Grant, Error> {
         let (index, size) = (self.index, req.size);
         let markers = self.shared.markers.clone();
         let _range = markers.range(|| format!("npualloc.oom_retry {size}B dev{index}"));
@@ -229,6 +235,11 @@ impl ShardState {
             if let Some(id) = grown {
                 return Ok(Grant::Own(id));
             }
+        }
+        // The frees just synchronised may have left a fitting free block on another
+        // stream: lend it rather than fail (`peers` is `NoPeers` on PyTorch's path).
+        if let Some(ptr) = self.borrow_block(req, false, peers) {
+            return Ok(Grant::Lent(ptr));
         }
         let asked = if expandable {
             req.rounded
