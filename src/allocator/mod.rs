@@ -3,9 +3,12 @@
 //! `malloc` order (PyTorch's, with npualloc's additions in brackets): poll pending
 //! frees → best fit in the stream's pool → garbage collection (with a memory
 //! fraction) → [borrow a wholly free segment of another stream → borrow a free block of
-//! another stream's pool → return idle empty segments] → device malloc → release
-//! oversize cached blocks and retry → release every cached segment (synchronising
-//! events) and retry → out of memory.
+//! another stream's pool → return idle empty segments] → device malloc [PyTorch's size
+//! if the adaptive one does not fit] → release oversize cached blocks and retry → [wait
+//! on the device for a pending free, this stream's or another's → release every
+//! stream's cached segments that need no host wait and retry] → release every cached
+//! segment (synchronising events [only the streams holding pending frees, once each])
+//! and retry → out of memory.
 //!
 //! Locking: each stream has its own shard (block arena, free lists, events, statistics)
 //! behind its own mutex, found without a lock; blocks are reused on their own stream,
@@ -21,10 +24,12 @@
 //! Layout: `shards.rs` the stream → shard table (boxed shards, found without a lock);
 //! `shared.rs` what the shards share (the device context: device, index, settings,
 //! profiler markers; device-wide counters); `shard/` one stream's shard state, one file
-//! per concern (the ladder above is `shard/ladder.rs`); `oom.rs` torch_npu's
+//! per concern (the ladder above is `shard/ladder.rs`); `last_resort.rs` the rungs
+//! that release the other streams' caches and synchronise; `oom.rs` torch_npu's
 //! out-of-memory message; `invariants.rs` the checker that recounts a shard.
 
 mod invariants;
+mod last_resort;
 mod oom;
 mod shard;
 mod shards;
@@ -41,7 +46,7 @@ use crate::error::Error;
 use crate::pool::BlockId;
 use crate::profiling::Mstx;
 use crate::stats::{DeviceStats, PrivatePoolStats, Stat, StatArray};
-use shard::{NoPeers, Peers, ShardState};
+use shard::{Peers, ShardState};
 use shards::{Shard, ShardTable};
 use shared::Shared;
 
@@ -215,15 +220,7 @@ impl CachingAllocator {
     /// Publishes a shard's count of waiting frees.
     #[inline]
     fn set_pending(&self, shard: &Shard, n: usize) {
-        if shard.pending.load(Ordering::Relaxed) == n {
-            return; // the common case: nothing waiting before or after
-        }
-        let old = shard.pending.swap(n, Ordering::Relaxed);
-        if old != n {
-            self.shared
-                .pending_total
-                .fetch_add(n as isize - old as isize, Ordering::Relaxed);
-        }
+        publish_pending(&self.shared, shard, n);
     }
 
     /// Runs `f` on `shard`'s locked state, then publishes its count of waiting frees.
@@ -284,6 +281,7 @@ impl CachingAllocator {
         let peers = OtherShards {
             table: &self.shards,
             own: stream,
+            shared: &self.shared,
         };
         let found = st.malloc(size, false, &peers);
         self.set_pending(shard, st.pending_count());
@@ -298,24 +296,23 @@ impl CachingAllocator {
             }
             Ok(None) => {
                 drop(st);
-                self.malloc_slow(Ok(None), size, stream, si, shard)
+                self.malloc_slow(Ok(None), size, si, shard)
             }
             Err(e) => {
                 drop(st);
-                self.malloc_slow(Err(e), size, stream, si, shard)
+                self.malloc_slow(Err(e), size, si, shard)
             }
         }
     }
 
     /// `malloc` after the shard's own attempt did not allocate (`found`): an error, or
-    /// a last attempt once the other streams' caches are released.
+    /// the last rungs across streams (`last_resort.rs`).
     #[cold]
     #[inline(never)]
     fn malloc_slow(
         &self,
         found: Result<Option<DevicePtr>, Error>,
         size: usize,
-        stream: StreamHandle,
         si: u32,
         shard: &Shard,
     ) -> Result<DevicePtr, Error> {
@@ -325,16 +322,7 @@ impl CachingAllocator {
             // e.g. out of memory during a capture, which must not release caches
             Err(e) => return Err(self.malloc_failed(e, size)),
         }
-        // Only the other streams' caches can help: release them one shard at a time
-        // (never holding two shard locks), then try once more.
-        let _ = self.for_other_shards(stream, |st| {
-            let _ = st.release_cached_blocks();
-            Ok::<(), Error>(())
-        });
-        let found = self.with_shard(shard, |st| st.malloc(size, true, &NoPeers));
-        let ptr = found
-            .map_err(|e| self.malloc_failed(e, size))?
-            .expect("the last attempt either allocates or reports out of memory");
+        let ptr = self.last_resort(size, shard)?;
         THREAD.with(|t| t.last_shard.set((self.id, si)));
         Ok(ptr)
     }
@@ -723,10 +711,26 @@ impl CachingAllocator {
     }
 }
 
-/// The other shards of an allocator, visited without waiting for their locks.
+/// Publishes `shard`'s count of waiting frees `n` (and the device-wide total).
+#[inline]
+fn publish_pending(shared: &Shared, shard: &Shard, n: usize) {
+    if shard.pending.load(Ordering::Relaxed) == n {
+        return; // the common case: nothing waiting before or after
+    }
+    let old = shard.pending.swap(n, Ordering::Relaxed);
+    if old != n {
+        shared
+            .pending_total
+            .fetch_add(n as isize - old as isize, Ordering::Relaxed);
+    }
+}
+
+/// The other shards of an allocator, visited without waiting for their locks; each
+/// visit publishes the shard's count of waiting frees (a pending free may be lent).
 struct OtherShards<'a> {
     table: &'a ShardTable,
     own: StreamHandle,
+    shared: &'a Shared,
 }
 
 impl Peers for OtherShards<'_> {
@@ -737,7 +741,9 @@ impl Peers for OtherShards<'_> {
             }
             if let Some(mut st) = s.state.try_lock() {
                 st.finish_merge();
-                if !f(&mut st) {
+                let go_on = f(&mut st);
+                publish_pending(self.shared, s, st.pending_count());
+                if !go_on {
                     break;
                 }
             }

@@ -85,6 +85,24 @@ impl<T: Copy> EventQueues<T> {
             .collect()
     }
 
+    /// The streams with queued pairs.
+    pub fn streams(&self) -> Vec<StreamHandle> {
+        self.queues.keys().copied().collect()
+    }
+
+    /// The last event queued on `stream`, if any.
+    pub fn last_on(&self, stream: StreamHandle) -> Option<EventHandle> {
+        self.queues.get(&stream)?.back().map(|&(e, _)| e)
+    }
+
+    /// Removes every pair queued on `stream` (after the caller synchronised its last
+    /// event), front to back.
+    pub fn take_stream(&mut self, stream: StreamHandle) -> Vec<(EventHandle, T)> {
+        let q: Vec<_> = self.queues.remove(&stream).unwrap_or_default().into();
+        self.len -= q.len();
+        q
+    }
+
     /// Removes every pair whose item is `item` (wherever it is queued); returns them.
     pub fn remove_item(&mut self, item: T) -> Vec<(StreamHandle, EventHandle)>
     where

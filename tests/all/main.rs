@@ -20,6 +20,8 @@ mod pickle;
 mod policy;
 #[cfg(feature = "cli")]
 mod pressure;
+#[cfg(feature = "cli")]
+mod pressure_zoo;
 mod props;
 #[cfg(feature = "cli")]
 mod replay;

@@ -170,19 +170,49 @@ impl ShardState {
         if let Err(e) = self.settle_unfenced() {
             first_err.get_or_insert(e);
         }
-        for (s, ev, id) in self.waits.pending.drain() {
-            match self.dev.event_synchronize(index, ev) {
-                Ok(()) => {
-                    self.waits.events.put(ev);
-                    self.event_done(id);
-                }
-                Err(e) => {
-                    self.waits.pending.push(s, ev, id);
-                    first_err.get_or_insert(e);
+        if self.shared.config.wait_before_growth {
+            if let Err(e) = self.synchronize_pending_streams() {
+                first_err.get_or_insert(e);
+            }
+        } else {
+            for (s, ev, id) in self.waits.pending.drain() {
+                match self.dev.event_synchronize(index, ev) {
+                    Ok(()) => {
+                        self.waits.events.put(ev);
+                        self.event_done(id);
+                    }
+                    Err(e) => {
+                        self.waits.pending.push(s, ev, id);
+                        first_err.get_or_insert(e);
+                    }
                 }
             }
         }
         first_err.map_or(Ok(()), |e| Err(e.into()))
+    }
+
+    /// Ends every pending free's waits, host-synchronising only the streams that hold
+    /// pending frees whose events have not completed, each once: at its last pending
+    /// event (events on one stream complete in order, so the earlier ones are complete
+    /// then). npualloc's path (`wait_before_growth`); PyTorch's synchronises each event.
+    fn synchronize_pending_streams(&mut self) -> Result<(), DeviceError> {
+        let index = self.index;
+        self.process_events();
+        let mut first_err = None;
+        for s in self.waits.pending.streams() {
+            let Some(last) = self.waits.pending.last_on(s) else {
+                continue;
+            };
+            if let Err(e) = self.dev.event_synchronize(index, last) {
+                first_err.get_or_insert(e);
+                continue;
+            }
+            for (ev, id) in self.waits.pending.take_stream(s) {
+                self.waits.events.put(ev);
+                self.event_done(id);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
     }
 }
 
@@ -225,5 +255,29 @@ mod tests {
         assert!(st.waits.parked.is_empty());
         assert_eq!(st.acct.reserved, 0);
         check(&st);
+    }
+
+    /// Three frees pending on one side stream and one on another: a cache release
+    /// synchronises each stream once (npualloc's path), or each event (PyTorch's).
+    fn syncs_to_release(conf: &str) -> u64 {
+        let (sim, mut st) = shard(conf);
+        let (a, b) = (sim.create_stream(0).unwrap(), sim.create_stream(0).unwrap());
+        for side in [a, a, a, b] {
+            let p = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
+            st.record_stream(id_of(&st, p), p, side).unwrap();
+            sim.launch(0, side, |_| {}).unwrap();
+            free(&mut st, p);
+        }
+        assert_eq!(st.pending_count(), 4);
+        st.release_cached_blocks().unwrap();
+        assert_eq!((st.pending_count(), st.acct.reserved), (0, 0));
+        check(&st);
+        sim.counters(0).synchronizations
+    }
+
+    #[test]
+    fn a_cache_release_synchronises_only_the_streams_holding_pending_frees_once_each() {
+        assert_eq!(syncs_to_release(""), 2);
+        assert_eq!(syncs_to_release("wait_before_growth:False"), 4);
     }
 }

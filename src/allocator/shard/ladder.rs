@@ -11,14 +11,21 @@
 //!    request size while the device does not grow (a steady loop) grows first instead
 //!    (rung 4 moved up, `lending.rs`'s repeat rule), and borrows if that fails;
 //! 4. **grow**: idle empty segments back first if reserved memory would pass its
-//!    high-water mark, then a device malloc (with expandable segments: map pages);
+//!    high-water mark, then a device malloc (with expandable segments: map pages; when
+//!    the device or the memory fraction cannot give an adaptive segment, PyTorch's
+//!    smaller size, `alloc_segment`; also in rungs 5 and 6);
 //!    past the reserve budget, the device-side wait of rung 5 first;
 //! 5. **release and grow**: oversize cached blocks back (`max_split_size_mb`), grow
-//!    again; then **wait on the device** for a pending free that fits (`pressure.rs`;
-//!    only when growth failed or would pass the reserve budget);
-//! 6. **release everything and grow** (`others_released`: the caller has released the
-//!    other shards' caches without this shard's lock): wait for every pending free,
-//!    release every cached segment, grow; else out of memory.
+//!    again; then **wait on the device** for a pending free that fits: this stream's
+//!    own, else another stream's, lent (`pressure.rs`; only when growth failed or
+//!    would pass the reserve budget);
+//! 6. **release everything and grow** (`others_released`: the caller,
+//!    `../last_resort.rs`, first gave back every stream's cached segments that need no
+//!    host wait and ran this ladder again, then released the other shards' caches
+//!    without this shard's lock): wait for every pending free (on npualloc's path each
+//!    stream holding one is synchronised once, `events.rs`), release every cached
+//!    segment, grow; else (npualloc's path) borrow another stream's free block, which
+//!    the synchronised frees may have merged; else out of memory.
 //!
 //! Contract: `malloc` either hands out a block (its pointer mapped in `ptrs`), returns
 //! `Ok(None)` when only rung 6 could help, or fails with out of memory after counting it.
@@ -125,7 +132,7 @@ impl ShardState {
             return Ok(Some(Grant::Own(id)));
         }
         if others_released {
-            return self.release_all_and_grow(req, seg_size).map(Some);
+            return self.release_all_and_grow(req, seg_size, peers).map(Some);
         }
         if self.shared.config.expandable_segments {
             // Another stream's free block before mapping pages.
@@ -153,8 +160,8 @@ impl ShardState {
             return Ok(Some(Grant::Lent(ptr)));
         }
         if self.over_budget(seg_size) {
-            if let Some(id) = self.wait_for_pending_free(req) {
-                return Ok(Some(Grant::Own(id)));
+            if let Some(grant) = self.pressure_rung(req, peers) {
+                return Ok(Some(grant));
             }
         }
         if !regrow {
@@ -165,8 +172,8 @@ impl ShardState {
         if let Some(id) = self.release_oversize_and_grow(req, seg_size)? {
             return Ok(Some(Grant::Own(id)));
         }
-        if let Some(id) = self.wait_for_pending_free(req) {
-            return Ok(Some(Grant::Own(id)));
+        if let Some(grant) = self.pressure_rung(req, peers) {
+            return Ok(Some(grant));
         }
         // Only releasing every cache (the other streams' too) can help now; not
         // while a graph is captured on any stream, which must not synchronise.
@@ -194,7 +201,7 @@ impl ShardState {
         peers: &dyn Peers,
     ) -> Result<Option<BlockId>, Error> {
         self.release_empty_before_growth(seg_size, peers);
-        self.alloc_block(seg_size, req.stream, req.kind)
+        self.alloc_segment(req, seg_size)
     }
 
     /// Rung 5: oversize cached blocks of this stream back to the device
@@ -205,14 +212,19 @@ impl ShardState {
         seg_size: usize,
     ) -> Result<Option<BlockId>, Error> {
         if !self.capture_underway() && self.release_available_cached_blocks(req.kind, req.rounded) {
-            return self.alloc_block(seg_size, req.stream, req.kind);
+            return self.alloc_segment(req, seg_size);
         }
         Ok(None)
     }
 
     /// Rung 6, the last resort: wait for all pending frees, release every cached
     /// segment, grow; else out of memory.
-    fn release_all_and_grow(&mut self, req: &Request, seg_size: usize) -> Result<Grant, Error> {
+    fn release_all_and_grow(
+        &mut self,
+        req: &Request,
+        seg_size: usize,
+        peers: &dyn Peers,
+    ) -> Result<Grant, Error> {
         let (index, size) = (self.index, req.size);
         let markers = self.shared.markers.clone();
         let _range = markers.range(|| format!("npualloc.oom_retry {size}B dev{index}"));
@@ -223,11 +235,16 @@ impl ShardState {
             let grown = if expandable {
                 self.vm_grow(req.stream, req.kind, req.rounded)?
             } else {
-                self.alloc_block(seg_size, req.stream, req.kind)?
+                self.alloc_segment(req, seg_size)?
             };
             if let Some(id) = grown {
                 return Ok(Grant::Own(id));
             }
+        }
+        // The frees just synchronised may have left a fitting free block on another
+        // stream: lend it rather than fail (`peers` is `NoPeers` on PyTorch's path).
+        if let Some(ptr) = self.borrow_block(req, false, peers) {
+            return Ok(Grant::Lent(ptr));
         }
         let asked = if expandable {
             req.rounded
@@ -331,6 +348,21 @@ impl ShardState {
         }
     }
 
+    /// A new segment for `req`: `seg_size` bytes, or, when the device (or the memory
+    /// fraction) cannot give that many and adaptive sizing made it larger than
+    /// PyTorch's, PyTorch's size: memory is short, and a segment that fits beats a
+    /// larger one that does not (measured: without it the defaults ran out of memory
+    /// at PyTorch's smallest device on most derived cases, benches/README.md).
+    fn alloc_segment(&mut self, req: &Request, seg_size: usize) -> Result<Option<BlockId>, Error> {
+        if let Some(id) = self.alloc_block(seg_size, req.stream, req.kind)? {
+            return Ok(Some(id));
+        }
+        match allocation_size(req.rounded) {
+            Some(pytorch) if pytorch < seg_size => self.alloc_block(pytorch, req.stream, req.kind),
+            _ => Ok(None),
+        }
+    }
+
     /// Allocates a whole segment; `Ok(None)` when the device (or the fraction) is full.
     pub(super) fn alloc_block(
         &mut self,
@@ -371,7 +403,7 @@ impl ShardState {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::{check, free, shard};
+    use super::super::testing::{check, device, free, shard};
     use super::super::NoPeers;
     use crate::device::MempoolId;
     use crate::error::Error;
@@ -410,6 +442,18 @@ mod tests {
         let q = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
         assert_eq!(p, q);
         assert_eq!(sim.counters(0).mallocs, 1);
+        check(&st);
+    }
+
+    #[test]
+    fn a_short_device_takes_pytorchs_segment_size_when_the_adaptive_one_does_not_fit() {
+        // 12 MiB asks for a 20 MiB adaptive segment; a 16 MiB device cannot give it,
+        // PyTorch's 12 MiB one fits.
+        let (sim, shared) = device(16 << 20, "");
+        let mut st = super::super::ShardState::new(crate::device::StreamHandle::DEFAULT, shared);
+        assert_eq!(st.segment_size(12 << 20), Some(20 << 20));
+        assert!(st.malloc(12 << 20, false, &NoPeers).unwrap().is_some());
+        assert_eq!((sim.counters(0).mallocs, st.acct.reserved), (1, 12 << 20));
         check(&st);
     }
 

@@ -1,30 +1,46 @@
 //! Memory pressure: a device-side wait for a pending free instead of growth (issue #16).
 //!
 //! When growing would pass the device's capacity, the memory fraction or the reserve
-//! budget (`reserve_budget_mb`), a block of this shard that only waits for the events
-//! of the other streams it was used on (a pending free, `events.rs`) can serve the
-//! request at once: the allocating stream waits **on the device** for those events
-//! (`stream_wait_event`), the block's waits end, and it joins this stream's free lists.
-//! No host wait. Among the pending frees that fit, the one whose streams are closest to
-//! done (fewest events queued before its own on each) is taken, then the smallest.
+//! budget (`reserve_budget_mb`), a block that only waits for the events of the other
+//! streams it was used on (a pending free, `events.rs`) can serve the request at once:
+//! the allocating stream waits **on the device** for those events (`stream_wait_event`),
+//! the block's waits end, and it is handed out. No host wait. First this shard's own
+//! pending frees (the block joins this stream's free lists); if none fits, another
+//! shard's (`borrow_pending_free`): that shard ends the block's waits the same way and
+//! lends it as `lend_block` does, which also orders the borrower after the lender's own
+//! stream (an event recorded there now), so the borrower runs after every stream the
+//! block was used on: its owner and each recorded stream. Among the pending frees that
+//! fit, the one whose streams are closest to done (fewest events queued before its own
+//! on each, counted in its shard's queues) is taken, then the smallest.
 //!
 //! Contract:
 //! - runs only with `wait_before_growth` (off in `PYTORCH_POLICY`), never during a
 //!   capture (a capture never waits or syncs), never with expandable segments (a freed
 //!   page may be unmapped at once; the device wait must not be the only order there);
+//!   another shard's pending free only with `lend_blocks`, and never from or to a
+//!   capturing stream;
 //! - a block leaves its pending queue only after every one of its events was made a
-//!   device-side wait of this shard's stream; if one wait cannot be queued, the block
+//!   device-side wait of the allocating stream (an event recorded on that stream itself
+//!   needs none: its own order covers it); if one wait cannot be queued, the block
 //!   stays pending (the waits already queued only over-order this stream);
 //! - after the wait, the block is in this stream's free lists: this stream is ordered
 //!   after every stream the block was used on, and any other stream that takes it later
-//!   (lending) is ordered after this stream (`lending.rs`), hence after those streams.
+//!   (lending) is ordered after this stream (`lending.rs`), hence after those streams;
+//!   another shard's block is first marked dirty on the borrower (a fence recorded
+//!   there after the waits), since the lender's own stream is not ordered after the
+//!   block's streams: the rest of it, once split, and every later taker other than the
+//!   borrower are ordered after the borrower; lent, it goes back to the lender dirty on
+//!   the borrower, as any lent block (`return_lent`);
+//! - shard locks: the other shards are visited with `Peers` (`try_lock`, one at a time,
+//!   this shard's lock held), twice: once to pick the block, once to take it (the
+//!   choice is made again under the lock, as the shard may have changed in between).
 //!
 //! Invariant: only blocks whose wait count equals their queued events (none parked or
 //! deferred) are candidates, so ending their waits returns them to the free lists.
 
 use super::ladder::Request;
-use super::ShardState;
-use crate::device::{EventHandle, StreamHandle};
+use super::{Grant, Peers, ShardState};
+use crate::device::{DevicePtr, EventHandle, StreamHandle};
 use crate::pool::{BlockId, Phase};
 
 impl ShardState {
@@ -36,49 +52,138 @@ impl ShardState {
             .is_some_and(|b| self.shared.reserved().saturating_add(bytes) > b)
     }
 
-    /// The pressure rung: makes this stream wait on the device for the events of the
-    /// pending free that best serves `req`, which then joins the free lists; returns
-    /// the block that serves `req`, if any (see the module contract).
+    /// Whether this shard may take part in a device-side wait for a pending free (as
+    /// the allocating stream or as the owner of the block): the module contract.
+    fn may_wait_on_device(&self) -> bool {
+        let config = &self.shared.config;
+        config.wait_before_growth && !config.expandable_segments && !self.capture_underway()
+    }
+
+    /// The pressure rung: a pending free of this shard (`wait_for_pending_free`), else
+    /// one of another shard's (`borrow_pending_free`).
+    #[cold]
+    pub(super) fn pressure_rung(&mut self, req: &Request, peers: &dyn Peers) -> Option<Grant> {
+        if let Some(id) = self.wait_for_pending_free(req) {
+            return Some(Grant::Own(id));
+        }
+        self.borrow_pending_free(req, peers).map(Grant::Lent)
+    }
+
+    /// Makes this stream wait on the device for the events of the pending free that
+    /// best serves `req`, which then joins the free lists; returns the block that
+    /// serves `req`, if any (see the module contract).
     #[cold]
     pub(super) fn wait_for_pending_free(&mut self, req: &Request) -> Option<BlockId> {
-        let config = &self.shared.config;
-        if !config.wait_before_growth
-            || config.expandable_segments
-            || self.capture_underway()
-            || req.stream != self.stream
-            || self.waits.pending.is_empty()
+        if !self.may_wait_on_device() || req.stream != self.stream || self.waits.pending.is_empty()
         {
             return None;
         }
-        let id = self.closest_pending_fit(req)?;
-        let events: Vec<(StreamHandle, EventHandle)> = self
-            .waits
-            .pending
-            .iter()
-            .filter(|&(_, _, b)| b == id)
-            .map(|(s, ev, _)| (s, ev))
-            .collect();
-        for &(_, ev) in &events {
-            if self
-                .dev
-                .stream_wait_event(self.index, self.stream, ev)
-                .is_err()
-            {
-                return None;
-            }
-        }
-        for (_, ev) in self.waits.pending.remove_item(id) {
-            self.waits.events.put(ev);
-            self.event_done(id);
+        let (id, _) = self.closest_pending_fit(req)?;
+        if !self.take_pending(id, self.stream) {
+            return None;
         }
         self.acct.device_waits += 1;
         self.get_free_block(req.kind, req.rounded)
     }
 
+    /// Ends pending block `id`'s waits after making `stream` wait on the device for
+    /// each of its events; false (the block stays pending) if a wait could not be queued.
+    /// `stream` another shard's (the borrower): the block is first marked dirty on it,
+    /// with a fence recorded after those waits, so that whoever takes it (or the rest
+    /// of it, once split) other than the borrower is ordered after the borrower, hence
+    /// after the block's streams; this shard's own stream is not ordered after them.
+    fn take_pending(&mut self, id: BlockId, stream: StreamHandle) -> bool {
+        let events: Vec<EventHandle> = self
+            .waits
+            .pending
+            .iter()
+            .filter(|&(s, _, b)| b == id && s != stream)
+            .map(|(_, ev, _)| ev)
+            .collect();
+        for ev in events {
+            if self.dev.stream_wait_event(self.index, stream, ev).is_err() {
+                return false;
+            }
+        }
+        if stream != self.stream {
+            let epoch = self.fence(stream);
+            self.lending.dirty.add(id, stream, epoch);
+            self.blocks[id].dirty = true;
+        }
+        for (_, ev) in self.waits.pending.remove_item(id) {
+            self.waits.events.put(ev);
+            self.event_done(id);
+        }
+        true
+    }
+
+    /// The pressure rung across shards, the borrower's side: when this shard has no
+    /// pending free that fits `req`, the one of another shard closest to done (then the
+    /// smallest) is taken with device-side waits and lent to this stream (module doc).
+    #[cold]
+    fn borrow_pending_free(&mut self, req: &Request, peers: &dyn Peers) -> Option<DevicePtr> {
+        if !self.may_wait_on_device()
+            || !self.shared.config.lend_blocks
+            || req.stream != self.stream
+        {
+            return None;
+        }
+        let mut best: Option<((usize, usize), StreamHandle)> = None;
+        peers.visit(&mut |other| {
+            if let Some(score) = other.pending_offer(req) {
+                if best.is_none_or(|(b, _)| score < b) {
+                    best = Some((score, other.stream));
+                }
+            }
+            true
+        });
+        let (_, owner) = best?;
+        let mut lent = None;
+        peers.visit(&mut |other| {
+            if other.stream != owner {
+                return true;
+            }
+            lent = other.lend_pending_free(req);
+            false
+        });
+        if lent.is_some() {
+            self.acct.device_waits += 1;
+        }
+        lent
+    }
+
+    /// The lender's side, first pass: (events ahead, size) of the pending free of this
+    /// shard that would serve `req` (made on another stream), if any.
+    fn pending_offer(&self, req: &Request) -> Option<(usize, usize)> {
+        if !self.may_wait_on_device() || self.waits.pending.is_empty() {
+            return None;
+        }
+        let (id, ahead) = self.closest_pending_fit(req)?;
+        Some((ahead, self.blocks[id].size))
+    }
+
+    /// The lender's side, second pass: the pending free that best serves `req` (made on
+    /// another stream, the borrower) is taken with device-side waits of the borrower,
+    /// then lent to it (`lend_block`, which orders the borrower after this stream). The
+    /// hot cache is merged first: its blocks may combine with the block into a better
+    /// fit (measured: merging only when the block itself went there needed more memory
+    /// on mobilenet_infer rr4, benches/README.md).
+    fn lend_pending_free(&mut self, req: &Request) -> Option<DevicePtr> {
+        if !self.may_wait_on_device() || self.waits.pending.is_empty() {
+            return None;
+        }
+        let (id, _) = self.closest_pending_fit(req)?;
+        if !self.take_pending(id, req.stream) {
+            return None;
+        }
+        self.flush_hot();
+        self.lend_block(req)
+    }
+
     /// The pending free of this shard's own pool that fits `req` and whose streams are
     /// closest to done: the fewest events queued ahead of it on its slowest stream,
-    /// then the smallest.
-    fn closest_pending_fit(&self, req: &Request) -> Option<BlockId> {
+    /// then the smallest; with that count of events.
+    fn closest_pending_fit(&self, req: &Request) -> Option<(BlockId, usize)> {
         let mut queued: Vec<(BlockId, usize)> = Vec::new(); // (block, events ahead)
         let mut ahead: rustc_hash::FxHashMap<StreamHandle, usize> = Default::default();
         for (s, _, id) in self.waits.pending.iter() {
@@ -93,7 +198,6 @@ impl ShardState {
             .into_iter()
             .filter(|&(id, _)| self.pending_fits(id, req, &self.waits.pending))
             .min_by_key(|&(id, n)| (n, self.blocks[id].size, id))
-            .map(|(id, _)| id)
     }
 
     /// Whether pending block `id` can serve `req` once its events are waited for.
@@ -115,9 +219,12 @@ impl ShardState {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::{check, device, free, id_of};
+    use std::cell::RefCell;
+
+    use super::super::testing::{check, device, free, id_of, Others};
     use super::super::{NoPeers, ShardState};
     use crate::device::StreamHandle;
+    use crate::pool::Phase;
 
     const MIB: usize = 1 << 20;
 
@@ -195,5 +302,84 @@ mod tests {
             .unwrap();
         assert!(st.malloc(30 * MIB, false, &NoPeers).is_err());
         assert_eq!(sim.counters(0).stream_waits, 0);
+    }
+
+    /// `pressed`'s lender (the default stream, its 30 MiB block pending on `side`) and a
+    /// borrower shard on stream `on`.
+    fn lender_and(
+        conf: &str,
+        on: impl FnOnce(&crate::device::sim::SimDevice, StreamHandle) -> StreamHandle,
+    ) -> (
+        std::sync::Arc<crate::device::sim::SimDevice>,
+        RefCell<ShardState>,
+        ShardState,
+        crate::device::DevicePtr,
+        StreamHandle,
+    ) {
+        let (sim, st, p, side) = pressed(conf);
+        let stream = on(&sim, side);
+        let borrower = ShardState::new(stream, st.shared.clone());
+        (sim, RefCell::new(st), borrower, p, side)
+    }
+
+    #[test]
+    fn another_streams_pending_free_is_lent_after_device_waits() {
+        let (sim, lender, mut b, p, side) = lender_and("", |sim, _| sim.create_stream(0).unwrap());
+        let q = b.malloc(30 * MIB, false, &Others(vec![&lender])).unwrap();
+        assert_eq!(q, Some(p), "the lender's pending free serves it");
+        let c = sim.counters(0);
+        // One wait for the event recorded on `side` at the free, one for the lender's
+        // own stream (lending's order); no host wait, no growth.
+        assert_eq!((c.synchronizations, c.mallocs, c.stream_waits), (0, 1, 2));
+        // Queued on the borrower: the two waits, then the fence that orders any later
+        // taker of the block (or of the rest of it) after them.
+        assert_eq!(sim.pending(0, b.stream).unwrap(), 3);
+        assert_eq!(
+            sim.pending(0, side).unwrap(),
+            1,
+            "the side stream has not run"
+        );
+        assert_eq!(b.acct.device_waits, 1);
+        let l = lender.borrow();
+        let id = id_of(&l, p);
+        assert_eq!(l.blocks[id].phase, Phase::Lent);
+        assert_eq!(l.blocks[id].borrower(), Some(b.stream));
+        assert_eq!(l.pending_count(), 0);
+        check(&l);
+        check(&b);
+    }
+
+    #[test]
+    fn a_stream_the_block_was_used_on_waits_only_for_its_owner() {
+        // The borrower is the stream the block was recorded on: its own order covers
+        // the event recorded there; it waits for the lender's stream only.
+        let (sim, lender, mut b, p, _) = lender_and("", |_, side| side);
+        let q = b.malloc(30 * MIB, false, &Others(vec![&lender])).unwrap();
+        assert_eq!(q, Some(p));
+        let c = sim.counters(0);
+        assert_eq!((c.synchronizations, c.stream_waits), (0, 1));
+        check(&lender.borrow());
+    }
+
+    #[test]
+    fn no_cross_stream_wait_without_block_lending_or_from_a_capturing_lender() {
+        let (sim, lender, mut b, _, _) =
+            lender_and("lend_blocks:False", |sim, _| sim.create_stream(0).unwrap());
+        assert_eq!(
+            b.malloc(30 * MIB, false, &Others(vec![&lender])).unwrap(),
+            None
+        );
+        assert_eq!(sim.counters(0).stream_waits, 0);
+        let (sim, lender, mut b, _, _) = lender_and("", |sim, _| sim.create_stream(0).unwrap());
+        lender
+            .borrow_mut()
+            .begin_allocate_to_pool(crate::device::MempoolId(1, 1))
+            .unwrap();
+        assert_eq!(
+            b.malloc(30 * MIB, false, &Others(vec![&lender])).unwrap(),
+            None
+        );
+        assert_eq!(sim.counters(0).stream_waits, 0);
+        assert_eq!(lender.borrow().pending_count(), 1);
     }
 }

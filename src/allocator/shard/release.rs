@@ -95,6 +95,33 @@ impl ShardState {
         result
     }
 
+    /// Frees every cached whole segment that can go back without a host wait (not
+    /// dirty, in a releasable pool), after taking in the events and fences that
+    /// completed; returns whether any went back (the first rung of `last_resort.rs`).
+    pub fn release_clean_segments(&mut self) -> bool {
+        self.process_events();
+        self.poll_fences();
+        self.flush_hot();
+        let whole: Vec<BlockId> = self
+            .pools
+            .iter()
+            .filter(|(tag, _)| self.pool_releasable(**tag))
+            .flat_map(|(_, p)| p.small.iter().chain(p.large.iter()))
+            .map(|(_, _, id)| id)
+            .filter(|&id| self.is_whole_segment(id) && !self.is_dirty(id))
+            .collect();
+        if whole.is_empty() || self.dev.drain_before_free(self.index).is_err() {
+            return false;
+        }
+        let mut released = false;
+        for id in whole {
+            released |= self.release_block(id).is_ok();
+        }
+        self.pools
+            .retain(|_, p| !(p.small.is_empty() && p.large.is_empty() && p.hot.is_empty()));
+        released
+    }
+
     /// PyTorch's `release_cached_blocks`: synchronise events, then free every cached segment.
     pub fn release_cached_blocks(&mut self) -> Result<(), Error> {
         let index = self.index;
