@@ -377,17 +377,29 @@ class Installer(unittest.TestCase):
         self.assertIn("before anything allocates", str(cm.exception))
         self.assertIn("Can't swap an already initialized allocator", str(cm.exception))
 
-    def test_install_cuda_needs_no_shim(self):
+    def test_install_cuda_goes_through_its_shim(self):
+        # torch.cuda's pluggable allocator would use a NULL from npualloc_malloc as an
+        # address (seen on an H200): malloc/free go through the CUDA shim, which raises
+        # torch.OutOfMemoryError, and its graph-pool hooks are set; the rest is plain C.
         log = []
-        install_standins(log)
+        install_standins(log, shim_addresses={"begin_allocate_to_pool_fn": 0xB1,
+                                              "end_allocate_to_pool_fn": 0xE1,
+                                              "release_pool_fn": 0xF1})
         npualloc.install_cuda()
         raw = npualloc.load()
+        loads = [e for e in log if e[0] == "cpp_extension.load"]
+        self.assertEqual(len(loads), 1)
+        self.assertEqual(loads[0][1], "npualloc_cuda_shim")
+        self.assertTrue(loads[0][2][0].endswith("cuda_shim.cpp"))
+        self.assertIn(("customAllocator", "/nonexistent/npualloc_torch_npu_shim.so",
+                       "npualloc_cuda_shim_malloc", "npualloc_cuda_shim_free"), log)
         setters = dict(e for e in log if e[0].startswith("set_"))
         self.assertEqual(setters["set_record_stream_fn"], _lib.address(raw, "npualloc_record_stream"))
         self.assertEqual(setters["set_reset_fn"], _lib.address(raw, "npualloc_empty_cache_all"))
-        self.assertNotIn("cpp_extension.load", [e[0] for e in log])
+        self.assertEqual(setters["set_begin_allocate_to_pool"], 0xB1)
+        self.assertEqual(setters["set_end_allocate_to_pool_fn"], 0xE1)
+        self.assertEqual(setters["set_release_pool"], 0xF1)
         self.assertEqual(log[-1][0], "change_current_allocator")
-
 
 if __name__ == "__main__":
     result = unittest.main(exit=False, verbosity=1).result
