@@ -1,6 +1,8 @@
 //! A tight malloc+free loop on one stream, for profilers (`perf record`, callgrind).
 //!
-//! Run: `cargo run --release --example pair_loop -- [pairs]`
+//! Run: `cargo run --release --example pair_loop -- [pairs]`; `PAIR_STREAMS=2` makes
+//! the one thread alternate its pairs between two streams (the device-wide
+//! statistics then combine two shards).
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -15,7 +17,11 @@ fn main() {
         .unwrap_or(10_000_000);
     let sim = SimDevice::new(SimConfig::default());
     let conf = std::env::var("NPUALLOC_CONF").unwrap_or_default();
-    let a = CachingAllocator::new(sim, 0, Config::parse(&conf).unwrap()).unwrap();
+    let a = CachingAllocator::new(sim.clone(), 0, Config::parse(&conf).unwrap()).unwrap();
+    let streams = match std::env::var("PAIR_STREAMS").as_deref() {
+        Ok("2") => vec![StreamHandle::DEFAULT, sim.create_stream(0).unwrap()],
+        _ => vec![StreamHandle::DEFAULT],
+    };
     let max_shift: usize = std::env::var("PAIR_MAX_SHIFT")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -28,12 +34,14 @@ fn main() {
         .map(|i| 512usize << (min_shift + i % (max_shift - min_shift)))
         .collect();
     for &s in &sizes {
-        a.free(a.malloc(s, StreamHandle::DEFAULT).unwrap()).unwrap();
+        for &st in &streams {
+            a.free(a.malloc(s, st).unwrap()).unwrap();
+        }
     }
     let t = Instant::now();
     for i in 0..n {
         let p = a
-            .malloc(black_box(sizes[i % 64]), StreamHandle::DEFAULT)
+            .malloc(black_box(sizes[i % 64]), streams[i % streams.len()])
             .unwrap();
         a.free(black_box(p)).unwrap();
     }
