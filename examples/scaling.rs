@@ -2,7 +2,7 @@
 //! threads on two streams (the mixed 512 B-8 MiB sizes), with a pure-compute loop as
 //! the machine's own scaling reference.
 //!
-//! Run: `cargo run --release --example scaling`
+//! Run: `cargo run --release --example scaling` (settings from `NPUALLOC_CONF`).
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -47,7 +47,8 @@ fn ratio(
 
 fn main() {
     let sim = SimDevice::new(SimConfig::default());
-    let a = CachingAllocator::new(sim.clone(), 0, Config::default()).unwrap();
+    let conf = std::env::var("NPUALLOC_CONF").unwrap_or_default();
+    let a = CachingAllocator::new(sim.clone(), 0, Config::parse(&conf).unwrap()).unwrap();
     let streams = [sim.create_stream(0).unwrap(), sim.create_stream(0).unwrap()];
     for round in 1..=3 {
         let alloc = ratio(&a, &streams, pairs);

@@ -51,7 +51,7 @@ pub(super) fn check_private_pools(
 ) -> Result<(), String> {
     let mut counted: HashMap<MempoolId, [i64; 3]> = HashMap::new();
     for s in shards {
-        let st = s.state.lock();
+        let st = s.lock();
         for (_, b) in st.blocks.iter() {
             if let Some(t) = b.pool {
                 let id = st.capture.private[t.index()].id;

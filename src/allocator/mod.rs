@@ -15,7 +15,8 @@
 //! or lent to another under device-side ordering (a borrower takes the lender's lock
 //! with `try_lock` only, never waiting). Threads working on different streams do not contend; device-wide
 //! counters (reserved bytes, the memory fraction) are atomics touched only on slow
-//! paths. Each shard maps its own live pointers to blocks: a free goes to the shard of
+//! paths; device-wide statistics are rebuilt from per-shard logs (`totals.rs`) under
+//! the statistics lock, which is taken before any shard lock and never with one held. Each shard maps its own live pointers to blocks: a free goes to the shard of
 //! the allocation's stream when the caller names it (torch does), else to the shard of
 //! this thread's last allocation, else searches the shards. Device calls are made with
 //! the shard's mutex held, as PyTorch does by default; the last-resort cache release
@@ -23,9 +24,11 @@
 //!
 //! Layout: `shards.rs` the stream → shard table (boxed shards, found without a lock);
 //! `shared.rs` what the shards share (the device context: device, index, settings,
-//! profiler markers; device-wide counters); `shard/` one stream's shard state, one file
-//! per concern (the ladder above is `shard/ladder.rs`); `last_resort.rs` the rungs
-//! that release the other streams' caches and synchronise; `oom.rs` torch_npu's
+//! profiler markers; device-wide counters); `totals.rs` exact device-wide statistics
+//! from the shards' logs and `statistics.rs` the methods that read and merge them;
+//! `shard/` one stream's shard state, one file per concern (the ladder above is
+//! `shard/ladder.rs`); `last_resort.rs` the rungs that release the other streams'
+//! caches and synchronise; `oom.rs` torch_npu's
 //! out-of-memory message; `invariants.rs` the checker that recounts a shard.
 
 mod invariants;
@@ -34,6 +37,8 @@ mod oom;
 mod shard;
 mod shards;
 mod shared;
+mod statistics;
+mod totals;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -45,7 +50,7 @@ use crate::device::{Device, DeviceIndex, DevicePtr, MempoolId, StreamHandle};
 use crate::error::Error;
 use crate::pool::BlockId;
 use crate::profiling::Mstx;
-use crate::stats::{DeviceStats, PrivatePoolStats, Stat, StatArray};
+use crate::stats::PrivatePoolStats;
 use shard::{Peers, ShardState};
 use shards::{Shard, ShardTable};
 use shared::Shared;
@@ -207,8 +212,27 @@ impl CachingAllocator {
     #[inline(never)]
     fn new_shard(&self, stream: StreamHandle) -> Result<(u32, &Shard), Error> {
         self.device.check_stream(self.index, stream)?;
+        // Shards are created under the statistics lock: the second one turns the
+        // statistics logs on, starting from the first shard's statistics.
+        let mut totals = self.shared.totals.lock();
+        if !totals.enabled && self.shards.get(stream).is_none() {
+            let shards = self.shards.all();
+            if let Some(only) = shards.first() {
+                let mut st = only.lock();
+                debug_assert_eq!(shards.len(), 1, "the logs go on with the second shard");
+                totals.enable(Some(&st.acct.stats));
+                let acct = &mut st.acct;
+                acct.log.on = true;
+                acct.log.open_window(&mut acct.stats);
+            }
+        }
+        let log = totals.enabled;
         self.shards
-            .get_or_insert(stream, || ShardState::new(stream, self.shared.clone()))
+            .get_or_insert(stream, || {
+                let mut st = ShardState::new(stream, self.shared.clone());
+                st.acct.log.on = log;
+                st
+            })
             .ok_or_else(|| {
                 Error::InvalidState(format!(
                     "device {} already serves {MAX_STREAMS} streams",
@@ -225,7 +249,7 @@ impl CachingAllocator {
 
     /// Runs `f` on `shard`'s locked state, then publishes its count of waiting frees.
     fn with_shard<T>(&self, shard: &Shard, f: impl FnOnce(&mut ShardState) -> T) -> T {
-        let mut st = shard.state.lock();
+        let mut st = shard.lock();
         let out = f(&mut st);
         self.set_pending(shard, st.pending_count());
         out
@@ -246,12 +270,16 @@ impl CachingAllocator {
         Ok(())
     }
 
-    /// Polls the pending frees of other shards that have any, without waiting for a lock.
+    /// Polls the pending frees of other shards that have any, without waiting for a
+    /// lock; first merges the statistics logs if one is full.
     #[inline(never)]
     fn poll_others(&self, own: u32) {
+        if self.shared.merge_asked() {
+            self.merge_logs();
+        }
         for (si, s) in self.shards.iter() {
             if si != own && s.pending.load(Ordering::Relaxed) > 0 {
-                if let Some(mut st) = s.state.try_lock() {
+                if let Some(mut st) = s.try_lock() {
                     st.process_events();
                     self.set_pending(s, st.pending_count());
                 }
@@ -270,14 +298,15 @@ impl CachingAllocator {
             return Err(Error::ZeroSize);
         }
         let (si, shard) = self.shard(stream)?;
-        // Every malloc polls every stream's pending frees (others' only when they have some).
+        // Every malloc polls every stream's pending frees (others' only when they have
+        // some), and merges the statistics logs when one is full (`Shared::ask_merge`).
         if self.shared.pending_total.load(Ordering::Relaxed)
             > shard.pending.load(Ordering::Relaxed) as isize
             && !self.shared.capture_underway()
         {
             self.poll_others(si);
         }
-        let mut st = shard.state.lock();
+        let mut st = shard.lock();
         let peers = OtherShards {
             table: &self.shards,
             own: stream,
@@ -334,17 +363,17 @@ impl CachingAllocator {
     /// streams record their events only when routing ends.
     pub fn begin_allocate_to_pool(&self, id: MempoolId, stream: StreamHandle) -> Result<(), Error> {
         let (_, shard) = self.shard(stream)?;
-        let already = shard.state.lock().capture.capturing.is_some();
+        let already = shard.lock().capture.capturing.is_some();
         if already {
             // Refused (one pool at a time); the stream's capture flag stays as it is.
-            return shard.state.lock().begin_allocate_to_pool(id);
+            return shard.lock().begin_allocate_to_pool(id);
         }
         // No event may be recorded on the stream while it captures: from now on no
         // block is lent to it, and the fences of blocks it borrowed and gave back are
         // settled first (a host wait only if their work has not run).
         self.shared.set_capturing(stream, true);
         let begun = self.settle_fences_on(stream).and_then(|()| {
-            let mut st = shard.state.lock();
+            let mut st = shard.lock();
             st.flush_hot();
             st.begin_allocate_to_pool(id)
         });
@@ -361,7 +390,7 @@ impl CachingAllocator {
     /// Stops routing to private pool `id` (PyTorch's `endAllocateToPool`).
     pub fn end_allocate_to_pool(&self, id: MempoolId) -> Result<(), Error> {
         for shard in self.shards.all() {
-            let mut st = shard.state.lock();
+            let mut st = shard.lock();
             if st.is_capturing_to(id) {
                 st.end_allocate_to_pool();
                 self.set_pending(shard, st.pending_count());
@@ -379,7 +408,7 @@ impl CachingAllocator {
     pub fn release_pool(&self, id: MempoolId) -> Result<(), Error> {
         let mut found = false;
         for shard in self.shards.all() {
-            found |= shard.state.lock().release_pool(id);
+            found |= shard.lock().release_pool(id);
         }
         if found {
             Ok(())
@@ -407,7 +436,7 @@ impl CachingAllocator {
         self.shards
             .all()
             .iter()
-            .map(|s| s.state.lock().private_pool_bytes())
+            .map(|s| s.lock().private_pool_bytes())
             .sum()
     }
 
@@ -459,7 +488,7 @@ impl CachingAllocator {
     #[inline]
     pub fn free_on(&self, ptr: DevicePtr, stream: Option<StreamHandle>) -> Result<(), Error> {
         let try_free = |shard: &Shard| -> bool {
-            let mut st = shard.state.lock();
+            let mut st = shard.lock();
             let Some(id) = st.ptrs.remove(&ptr) else {
                 return false;
             };
@@ -513,7 +542,7 @@ impl CachingAllocator {
         let mut f = Some(f);
         let mut tried = [u32::MAX; 2];
         let mut attempt = |shard: &Shard| -> Option<T> {
-            let mut st = shard.state.lock();
+            let mut st = shard.lock();
             let id = *st.ptrs.get(&ptr)?;
             Some((f.take().expect("runs once"))(shard, &mut st, id))
         };
@@ -590,53 +619,6 @@ impl CachingAllocator {
         Ok(())
     }
 
-    /// A copy of the statistics (PyTorch's `DeviceStats`; its per-pool map is
-    /// [`private_pool_stats`](Self::private_pool_stats)).
-    ///
-    /// Current values and totals are exact. Peaks of the reserved and segment counters
-    /// are exact device-wide; the other peaks are exact while one stream is in use and,
-    /// with several streams, are the larger of each stream's peak and the sum of the
-    /// current values (streams are not synchronised with each other on the fast path).
-    pub fn stats(&self) -> DeviceStats {
-        let shards = self.shards.all();
-        let mut per: Vec<DeviceStats> = shards
-            .iter()
-            .map(|s| s.state.lock().stats_snapshot())
-            .collect();
-        let mut out = match per.len() {
-            0 => DeviceStats {
-                max_split_size: i64::try_from(self.shared.config.max_split_size)
-                    .unwrap_or(i64::MAX),
-                ..DeviceStats::default()
-            },
-            1 => per.pop().expect("one shard"),
-            _ => sum_stats(&per),
-        };
-        out.reserved_bytes[0].peak = out.reserved_bytes[0]
-            .peak
-            .max(self.shared.reserved_peak.load(Ordering::Relaxed) as i64);
-        out
-    }
-
-    /// Sets every peak statistic to its current value.
-    pub fn reset_peak_stats(&self) {
-        for s in self.shards.all() {
-            s.state.lock().acct.stats.reset_peak();
-        }
-        self.shared
-            .reserved_peak
-            .store(self.shared.reserved(), Ordering::Relaxed);
-        self.shared.private_reserved.lock().reset_peak();
-    }
-
-    /// Zeroes the accumulated (`allocated`/`freed`) statistics and counters.
-    pub fn reset_accumulated_stats(&self) {
-        for s in self.shards.all() {
-            s.state.lock().acct.stats.reset_accumulated();
-        }
-        self.shared.private_reserved.lock().reset_accumulated();
-    }
-
     /// The settings in force.
     pub fn config(&self) -> Config {
         self.shared.config.clone()
@@ -648,7 +630,7 @@ impl CachingAllocator {
             .shards
             .all()
             .iter()
-            .flat_map(|s| s.state.lock().segments())
+            .flat_map(|s| s.lock().segments())
             .collect();
         out.sort_by_key(|s| s.address);
         out
@@ -660,7 +642,7 @@ impl CachingAllocator {
             .shards
             .all()
             .iter()
-            .map(|s| s.state.lock().acct.stats.allocated_bytes[0].current.max(0) as usize)
+            .map(|s| s.lock().acct.stats.allocated_bytes[0].current.max(0) as usize)
             .sum();
         Usage {
             allocated,
@@ -672,14 +654,14 @@ impl CachingAllocator {
     /// happens by itself before any device allocation or cache release.
     pub fn coalesce_now(&self) {
         for s in self.shards.all() {
-            s.state.lock().flush_hot();
+            s.lock().flush_hot();
         }
     }
 
     /// Events this allocator has created, and how many of them sit idle in its pools.
     pub fn event_counts(&self) -> (u64, usize) {
         self.shards.all().iter().fold((0, 0), |(c, i), s| {
-            let st = s.state.lock();
+            let st = s.lock();
             (c + st.waits.events.created(), i + st.waits.events.idle())
         })
     }
@@ -689,7 +671,7 @@ impl CachingAllocator {
         let mut reserved = 0;
         let mut seen = rustc_hash::FxHashSet::default();
         for s in self.shards.all() {
-            let mut st = s.state.lock();
+            let mut st = s.lock();
             st.finish_merge();
             invariants::check(&st)?;
             if let Some(p) = st.ptrs.keys().find(|&&p| !seen.insert(p)) {
@@ -739,7 +721,7 @@ impl Peers for OtherShards<'_> {
             if s.stream == self.own {
                 continue;
             }
-            if let Some(mut st) = s.state.try_lock() {
+            if let Some(mut st) = s.try_lock() {
                 st.finish_merge();
                 let go_on = f(&mut st);
                 publish_pending(self.shared, s, st.pending_count());
@@ -749,65 +731,6 @@ impl Peers for OtherShards<'_> {
             }
         }
     }
-}
-
-fn sum_stat(a: &mut Stat, b: &Stat) {
-    a.current += b.current;
-    a.allocated += b.allocated;
-    a.freed += b.freed;
-    a.peak = a.peak.max(b.peak);
-}
-
-fn sum_array(a: &mut StatArray, b: &StatArray) {
-    for (x, y) in a.iter_mut().zip(b) {
-        sum_stat(x, y);
-    }
-}
-
-/// Several shards' statistics as one: exact sums; peaks as documented on `stats()`.
-fn sum_stats(per: &[DeviceStats]) -> DeviceStats {
-    let mut out = DeviceStats {
-        max_split_size: per[0].max_split_size,
-        ..DeviceStats::default()
-    };
-    for s in per {
-        for (a, b) in [
-            (&mut out.allocation, &s.allocation),
-            (&mut out.segment, &s.segment),
-            (&mut out.active, &s.active),
-            (&mut out.inactive_split, &s.inactive_split),
-            (&mut out.allocated_bytes, &s.allocated_bytes),
-            (&mut out.reserved_bytes, &s.reserved_bytes),
-            (&mut out.active_bytes, &s.active_bytes),
-            (&mut out.inactive_split_bytes, &s.inactive_split_bytes),
-            (&mut out.requested_bytes, &s.requested_bytes),
-        ] {
-            sum_array(a, b);
-        }
-        sum_stat(&mut out.oversize_allocations, &s.oversize_allocations);
-        sum_stat(&mut out.oversize_segments, &s.oversize_segments);
-        out.num_alloc_retries += s.num_alloc_retries;
-        out.num_ooms += s.num_ooms;
-        out.num_sync_all_streams += s.num_sync_all_streams;
-        out.num_device_alloc += s.num_device_alloc;
-        out.num_device_free += s.num_device_free;
-    }
-    for arr in [
-        &mut out.allocation,
-        &mut out.segment,
-        &mut out.active,
-        &mut out.inactive_split,
-        &mut out.allocated_bytes,
-        &mut out.reserved_bytes,
-        &mut out.active_bytes,
-        &mut out.inactive_split_bytes,
-        &mut out.requested_bytes,
-    ] {
-        for s in arr.iter_mut() {
-            s.peak = s.peak.max(s.current);
-        }
-    }
-    out
 }
 
 impl Drop for CachingAllocator {

@@ -11,7 +11,7 @@
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 
 use super::shard::ShardState;
 use crate::device::StreamHandle;
@@ -22,9 +22,29 @@ pub const MAX_STREAMS: usize = 4096;
 /// One stream's allocator state.
 pub(crate) struct Shard {
     pub stream: StreamHandle,
-    pub state: Mutex<ShardState>,
+    /// Reached only through [`Shard::lock`] and [`Shard::try_lock`], which mark the
+    /// start of an operation for the statistics log.
+    state: Mutex<ShardState>,
     /// Frees of this shard waiting for events (so others can skip polling it).
     pub pending: AtomicUsize,
+}
+
+impl Shard {
+    /// Locks the shard's state: one operation, for the statistics log.
+    #[inline]
+    pub fn lock(&self) -> MutexGuard<'_, ShardState> {
+        let mut st = self.state.lock();
+        st.acct.log.begin_op();
+        st
+    }
+
+    /// Locks the shard's state if no one holds it.
+    #[inline]
+    pub fn try_lock(&self) -> Option<MutexGuard<'_, ShardState>> {
+        let mut st = self.state.try_lock()?;
+        st.acct.log.begin_op();
+        Some(st)
+    }
 }
 
 pub(crate) struct ShardTable {

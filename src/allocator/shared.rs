@@ -1,10 +1,11 @@
 //! What a device's stream shards share: settings and device-wide memory counters.
 //!
-//! Only slow paths (device allocation and free, settings) write here, so shards on
-//! different streams do not contend on the fast path. Lock order: a shard's mutex, then
-//! a mutex of this struct (never the other way round; these are leaves).
+//! Only slow paths (device allocation and free, settings, statistics merges) write
+//! here, so shards on different streams do not contend on the fast path. Lock order:
+//! `totals` (statistics merges), then shards' mutexes, then the other mutexes of this
+//! struct (leaves: never held while taking another lock).
 
-use std::sync::atomic::{AtomicIsize, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
@@ -14,6 +15,12 @@ use crate::config::Config;
 use crate::device::{Device, DeviceIndex, StreamHandle};
 use crate::profiling::Mstx;
 use crate::stats::PrivatePoolReserved;
+
+use super::totals::Totals;
+
+/// Added to `pending_total` while a statistics merge is wanted (far above any count of
+/// waiting frees).
+pub(crate) const MERGE_NUDGE: isize = 1 << 48;
 
 /// Device-wide state of one allocator.
 pub(crate) struct Shared {
@@ -43,6 +50,12 @@ pub(crate) struct Shared {
     allowed_max: AtomicUsize,
     /// Frees waiting for events, over all shards.
     pub pending_total: AtomicIsize,
+    /// Device-wide statistics rebuilt from the shards' logs (`totals.rs`). Lock order:
+    /// this, then shards in creation order.
+    pub totals: Mutex<Totals>,
+    /// Set when a shard's statistics log is full: the next malloc merges
+    /// ([`Shared::ask_merge`]).
+    merge_wanted: AtomicBool,
     /// Streams allocating to a graph-private pool (capturing): no event may be
     /// recorded on them, so lending leaves them alone.
     capturing: Mutex<Vec<StreamHandle>>,
@@ -73,6 +86,8 @@ impl Shared {
             regrowths: AtomicU64::new(0),
             allowed_max: AtomicUsize::new(usize::MAX),
             pending_total: AtomicIsize::new(0),
+            totals: Mutex::new(Totals::default()),
+            merge_wanted: AtomicBool::new(false),
             capturing: Mutex::new(Vec::new()),
             capture_count: AtomicUsize::new(0),
             private_reserved: Mutex::new(PrivatePoolReserved::default()),
@@ -149,6 +164,30 @@ impl Shared {
     pub fn growths(&self) -> u64 {
         let all = self.growths.load(Ordering::Relaxed);
         all.wrapping_sub(self.regrowths.load(Ordering::Relaxed))
+    }
+
+    /// A statistics log is full: makes the next malloc merge the logs at no cost to
+    /// the others. `pending_total` goes up by [`MERGE_NUDGE`], so every malloc's test
+    /// of it ("other streams have frees waiting") takes its slow branch, which merges
+    /// ([`take_merge`](Self::take_merge) takes the nudge back).
+    pub fn ask_merge(&self) {
+        if !self.merge_wanted.swap(true, Ordering::Relaxed) {
+            self.pending_total.fetch_add(MERGE_NUDGE, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether a merge was asked for; clears the request.
+    pub fn take_merge(&self) -> bool {
+        let asked = self.merge_wanted.swap(false, Ordering::Relaxed);
+        if asked {
+            self.pending_total.fetch_sub(MERGE_NUDGE, Ordering::Relaxed);
+        }
+        asked
+    }
+
+    /// Whether a merge was asked for (read without taking it).
+    pub fn merge_asked(&self) -> bool {
+        self.merge_wanted.load(Ordering::Relaxed)
     }
 
     pub fn unreserve(&self, bytes: usize) {

@@ -8,6 +8,7 @@ mod capacity;
 mod cli;
 mod common;
 mod cross_stream;
+mod exact_stats;
 mod expandable;
 mod fake_acl;
 mod faults;

@@ -139,6 +139,26 @@ static void test_stats(void) {
   npualloc_empty_cache_all();
   CHECK(npualloc_get_device_stats(0, &s) == NPUALLOC_OK);
   CHECK(s.reserved_bytes[0].current == 0);
+  /* One thread on two streams (#17 item 9): the aggregate peak is the peak of the
+     sum. Main 4 MiB, side 6 MiB (10 live), main frees, main 8 MiB (14 live: the
+     peak), all freed; each stream's own peak says 8 or 6. */
+  npualloc_stream side = NULL;
+  CHECK(ctl_create_stream(0, &side) == NPUALLOC_OK);
+  CHECK(npualloc_get_device_stats(0, &s) == NPUALLOC_OK);
+  int64_t base = s.requested_bytes[0].current, live = s.allocation[0].current;
+  npualloc_reset_peak_stats(0);
+  void *m1 = npualloc_malloc(4u << 20, 0, NULL);
+  void *s1 = npualloc_malloc(6u << 20, 0, side);
+  npualloc_free(m1, 4u << 20, 0, NULL);
+  void *m2 = npualloc_malloc(8u << 20, 0, NULL);
+  npualloc_free(m2, 8u << 20, 0, NULL);
+  npualloc_free(s1, 6u << 20, 0, side);
+  CHECK(npualloc_get_device_stats(0, &s) == NPUALLOC_OK);
+  CHECK(s.requested_bytes[0].peak == base + (14 << 20));
+  CHECK(s.requested_bytes[2].peak >= 14 << 20);
+  CHECK(s.allocation[0].peak == live + 2);
+  CHECK(s.allocation[0].current == live);
+  CHECK(invariants_ok(0));
 }
 
 static void test_fraction_and_configure(void) {

@@ -10,10 +10,11 @@
 //! reaches 0.
 
 use super::ShardState;
+use crate::allocator::totals::Kind;
 use crate::device::{DeviceError, DevicePtr, StreamHandle};
 use crate::error::Error;
 use crate::pool::{BlockId, Phase};
-use crate::stats::{self};
+use crate::stats::StatType;
 
 impl ShardState {
     pub fn free(&mut self, id: BlockId) {
@@ -21,10 +22,11 @@ impl ShardState {
         debug_assert!(b.is_allocated());
         let (st, size, lent) = (b.kind.stat_type(), b.size, b.phase == Phase::Lent);
         b.phase = Phase::Free;
-        stats::decrease(&mut self.acct.stats.allocation, st, 1);
-        stats::decrease(&mut self.acct.stats.allocated_bytes, st, size);
+        self.acct
+            .decrease_all(st, &[(Kind::Allocation, 1), (Kind::AllocatedBytes, size)]);
         if size >= self.shared.config.max_split_size {
-            self.acct.stats.oversize_allocations.decrease(1);
+            self.acct
+                .decrease(Kind::OversizeAllocations, StatType::Aggregate, 1);
         }
         if lent && self.return_lent(id) {
             return;

@@ -13,14 +13,13 @@
 //! Blocks of a segment tile its mapped pages; each maximal run of mapped pages is one
 //! chain of blocks, counted as one segment in statistics and snapshots.
 
-use super::free_lists::apply_net;
 use super::ShardState;
+use crate::allocator::totals::Kind;
 use crate::config::HEAD_ALIGN_MIN;
 use crate::device::{DevicePtr, StreamHandle};
 use crate::error::Error;
 use crate::pool::free_list::FreeList;
 use crate::pool::{Block, BlockId, PoolKind, VmId, VmSegment};
-use crate::stats;
 
 /// Largest reservation (bytes) per segment, whatever the device reports.
 const MAX_RESERVATION: usize = 1 << 46;
@@ -117,12 +116,13 @@ impl ShardState {
         rest.ptr += head;
         rest.size -= head;
         self.pool_insert(front_id);
-        let s = &mut self.acct.stats;
         if already_split {
-            stats::increase(&mut s.inactive_split, st, 1);
+            self.acct.increase(Kind::InactiveSplit, st, 1);
         } else {
-            stats::increase(&mut s.inactive_split, st, 2);
-            stats::increase(&mut s.inactive_split_bytes, st, size);
+            self.acct.increase_all(
+                st,
+                &[(Kind::InactiveSplit, 2), (Kind::InactiveSplitBytes, size)],
+            );
         }
         id
     }
@@ -349,10 +349,10 @@ impl ShardState {
         self.count_split(&touched, true);
         self.acct.reserved += bytes;
         let st = kind.stat_type();
-        stats::increase(&mut self.acct.stats.reserved_bytes, st, bytes);
+        self.acct.increase(Kind::ReservedBytes, st, bytes);
         self.note_pool_reserved(pool, kind, bytes, true);
         let runs_delta = 1 - fit.left.is_some() as i64 - fit.right.is_some() as i64;
-        apply_net(&mut self.acct.stats.segment, st, runs_delta);
+        self.acct.apply_net(Kind::Segment, st, runs_delta);
         self.coalesce(id, false);
         self.pool_remove(id);
         Ok(Some(id))
@@ -366,8 +366,9 @@ impl ShardState {
             if b.is_free() && b.is_split() {
                 let (st, size) = (b.kind.stat_type(), b.size as i64);
                 let sign = if add { 1 } else { -1 };
-                apply_net(&mut self.acct.stats.inactive_split, st, sign);
-                apply_net(&mut self.acct.stats.inactive_split_bytes, st, sign * size);
+                self.acct.apply_net(Kind::InactiveSplit, st, sign);
+                self.acct
+                    .apply_net(Kind::InactiveSplitBytes, st, sign * size);
             }
         }
     }
@@ -450,9 +451,9 @@ impl ShardState {
         self.acct.reserved -= bytes;
         self.shared.unreserve(bytes);
         let st = kind.stat_type();
-        stats::decrease(&mut self.acct.stats.reserved_bytes, st, bytes);
+        self.acct.decrease(Kind::ReservedBytes, st, bytes);
         self.note_pool_reserved(self.vm[seg].pool, kind, bytes, false);
-        apply_net(&mut self.acct.stats.segment, st, runs_delta);
+        self.acct.apply_net(Kind::Segment, st, runs_delta);
         self.acct.stats.num_device_free += done as i64;
         failure.map_or(Ok(bytes), |e| Err(e.into()))
     }

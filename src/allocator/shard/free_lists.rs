@@ -13,11 +13,12 @@
 //! - `inactive_split[_bytes]` count the free blocks of split segments, hot ones included.
 
 use super::ShardState;
+use crate::allocator::totals::Kind;
 use crate::config::HEAD_ALIGN_MIN;
 use crate::pool::free_list::HOT_CAPACITY;
 use crate::pool::rounding::{MIN_BLOCK, SMALL_SIZE};
 use crate::pool::{Block, BlockId, Phase, PoolKind};
-use crate::stats::{self, StatType};
+use crate::stats::StatType;
 
 impl ShardState {
     pub(super) fn pool_insert(&mut self, id: BlockId) {
@@ -124,8 +125,10 @@ impl ShardState {
             out = self.split_front(id, rounded, st, already_split);
         } else if already_split {
             let bsize = self.blocks[id].size;
-            stats::decrease(&mut self.acct.stats.inactive_split_bytes, st, bsize);
-            stats::decrease(&mut self.acct.stats.inactive_split, st, 1);
+            self.acct.decrease_all(
+                st,
+                &[(Kind::InactiveSplitBytes, bsize), (Kind::InactiveSplit, 1)],
+            );
         }
         self.count_allocated(out, size)
     }
@@ -169,10 +172,15 @@ impl ShardState {
         rest_size: usize,
     ) {
         if already_split {
-            stats::decrease(&mut self.acct.stats.inactive_split_bytes, st, rounded);
+            self.acct.decrease(Kind::InactiveSplitBytes, st, rounded);
         } else {
-            stats::increase(&mut self.acct.stats.inactive_split_bytes, st, rest_size);
-            stats::increase(&mut self.acct.stats.inactive_split, st, 1);
+            self.acct.increase_all(
+                st,
+                &[
+                    (Kind::InactiveSplitBytes, rest_size),
+                    (Kind::InactiveSplit, 1),
+                ],
+            );
         }
     }
 
@@ -183,13 +191,19 @@ impl ShardState {
         b.phase = Phase::Allocated;
         b.requested = size;
         let bsize = b.size;
-        stats::increase(&mut self.acct.stats.allocation, st, 1);
-        stats::increase(&mut self.acct.stats.allocated_bytes, st, bsize);
-        stats::increase(&mut self.acct.stats.active, st, 1);
-        stats::increase(&mut self.acct.stats.active_bytes, st, bsize);
-        stats::increase(&mut self.acct.stats.requested_bytes, st, size);
+        self.acct.increase_all(
+            st,
+            &[
+                (Kind::Allocation, 1),
+                (Kind::AllocatedBytes, bsize),
+                (Kind::Active, 1),
+                (Kind::ActiveBytes, bsize),
+                (Kind::RequestedBytes, size),
+            ],
+        );
         if bsize >= self.shared.config.max_split_size {
-            self.acct.stats.oversize_allocations.increase(1);
+            self.acct
+                .increase(Kind::OversizeAllocations, StatType::Aggregate, 1);
         }
         out
     }
@@ -214,9 +228,14 @@ impl ShardState {
         debug_assert!(b.is_free() && b.stream_uses.is_empty());
         let (st, size, requested, split) = (b.kind.stat_type(), b.size, b.requested, b.is_split());
         b.requested = 0;
-        stats::decrease(&mut self.acct.stats.active, st, 1);
-        stats::decrease(&mut self.acct.stats.active_bytes, st, size);
-        stats::decrease(&mut self.acct.stats.requested_bytes, st, requested);
+        self.acct.decrease_all(
+            st,
+            &[
+                (Kind::Active, 1),
+                (Kind::ActiveBytes, size),
+                (Kind::RequestedBytes, requested),
+            ],
+        );
         // Only small-pool blocks: keeping large blocks unmerged for reuse changes where
         // later large requests land and costs reserve (measured on the shipped traces);
         // their merges are only ever deferred, invisibly (`lazy_merge.rs`).
@@ -234,8 +253,10 @@ impl ShardState {
                 hot.push((size, id));
                 self.blocks[id].phase = Phase::Hot;
                 if split {
-                    stats::increase(&mut self.acct.stats.inactive_split, st, 1);
-                    stats::increase(&mut self.acct.stats.inactive_split_bytes, st, size);
+                    self.acct.increase_all(
+                        st,
+                        &[(Kind::InactiveSplit, 1), (Kind::InactiveSplitBytes, size)],
+                    );
                 }
                 return;
             }
@@ -271,8 +292,8 @@ impl ShardState {
             net_blocks += 1;
             net_bytes += self.blocks[id].size as i64;
         }
-        apply_net(&mut self.acct.stats.inactive_split, st, net_blocks);
-        apply_net(&mut self.acct.stats.inactive_split_bytes, st, net_bytes);
+        self.acct.apply_net(Kind::InactiveSplit, st, net_blocks);
+        self.acct.apply_net(Kind::InactiveSplitBytes, st, net_bytes);
     }
 
     /// Takes a hot block of exactly `size` bytes on `stream`, most recent first.
@@ -348,10 +369,11 @@ impl ShardState {
         self.acct.reserved += size;
         self.acct.reserved_hwm = self.acct.reserved_hwm.max(self.acct.reserved);
         let st = kind.stat_type();
-        stats::increase(&mut self.acct.stats.segment, st, 1);
-        stats::increase(&mut self.acct.stats.reserved_bytes, st, size);
+        self.acct.increase(Kind::Segment, st, 1);
+        self.acct.increase(Kind::ReservedBytes, st, size);
         if size >= self.shared.config.max_split_size {
-            self.acct.stats.oversize_segments.increase(1);
+            self.acct
+                .increase(Kind::OversizeSegments, StatType::Aggregate, 1);
         }
     }
 
@@ -359,19 +381,12 @@ impl ShardState {
     pub(super) fn segment_removed(&mut self, kind: PoolKind, size: usize) {
         self.acct.reserved -= size;
         let st = kind.stat_type();
-        stats::decrease(&mut self.acct.stats.segment, st, 1);
-        stats::decrease(&mut self.acct.stats.reserved_bytes, st, size);
+        self.acct.decrease(Kind::Segment, st, 1);
+        self.acct.decrease(Kind::ReservedBytes, st, size);
         if size >= self.shared.config.max_split_size {
-            self.acct.stats.oversize_segments.decrease(1);
+            self.acct
+                .decrease(Kind::OversizeSegments, StatType::Aggregate, 1);
         }
-    }
-}
-
-pub(super) fn apply_net(arr: &mut stats::StatArray, st: StatType, net: i64) {
-    match net.cmp(&0) {
-        std::cmp::Ordering::Greater => stats::increase(arr, st, net as usize),
-        std::cmp::Ordering::Less => stats::decrease(arr, st, net.unsigned_abs() as usize),
-        std::cmp::Ordering::Equal => {}
     }
 }
 

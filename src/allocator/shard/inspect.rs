@@ -14,8 +14,11 @@ impl ShardState {
         self.waits.pending.len() + self.waits.parked.len() + self.capture.deferred.len()
     }
 
+    /// The shard's statistics: its per-stream peaks are its own (see
+    /// `StatLog::stream_peaks`).
     pub fn stats_snapshot(&self) -> DeviceStats {
         let mut s = self.acct.stats;
+        self.acct.log.stream_peaks(&mut s);
         s.max_split_size = i64::try_from(self.shared.config.max_split_size).unwrap_or(i64::MAX);
         s
     }

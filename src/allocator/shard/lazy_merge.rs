@@ -37,9 +37,9 @@
 //! `rest` and of the merged block whole, with or without their entries.
 
 use super::ShardState;
+use crate::allocator::totals::Kind;
 use crate::config::HEAD_ALIGN_MIN;
 use crate::pool::{BlockId, PoolKind};
-use crate::stats;
 
 /// A merge deferred by a free (see the module docs).
 #[derive(Clone, Copy, Debug)]
@@ -111,21 +111,21 @@ impl ShardState {
         }
         // `coalesce`'s statistics (its net changes): the block, if split, counts as an
         // inactive split; a merged `rest` no longer does (net: `front`'s bytes).
-        let stats = &mut self.acct.stats;
+        let acct = &mut self.acct;
         let st = f.kind.stat_type();
         match rest.map(|r| &self.blocks[r]) {
-            None if f.is_split() => {
-                stats::increase(&mut stats.inactive_split, st, 1);
-                stats::increase(&mut stats.inactive_split_bytes, st, f.size);
-            }
+            None if f.is_split() => acct.increase_all(
+                st,
+                &[(Kind::InactiveSplit, 1), (Kind::InactiveSplitBytes, f.size)],
+            ),
             None => {}
             Some(r) if f.prev.is_some() || r.next.is_some() => {
-                stats::increase(&mut stats.inactive_split_bytes, st, f.size);
+                acct.increase(Kind::InactiveSplitBytes, st, f.size);
             }
-            Some(r) => {
-                stats::decrease(&mut stats.inactive_split, st, 1);
-                stats::decrease(&mut stats.inactive_split_bytes, st, r.size);
-            }
+            Some(r) => acct.decrease_all(
+                st,
+                &[(Kind::InactiveSplit, 1), (Kind::InactiveSplitBytes, r.size)],
+            ),
         }
         self.lazy = Some(LazyMerge {
             front: id,

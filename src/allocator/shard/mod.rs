@@ -45,10 +45,11 @@ use std::sync::Arc;
 use slab::Slab;
 
 use super::shared::Shared;
+use super::totals::{Kind, StatLog};
 use crate::device::{Device, DeviceIndex, DevicePtr, StreamHandle};
 use crate::error::Error;
 use crate::pool::{Block, BlockId, PoolTag, PtrTable, StreamMap, VmSegment};
-use crate::stats::DeviceStats;
+use crate::stats::{self, DeviceStats, StatType};
 use crate::stream::{DirtyMarks, EventPool, Fences, PendingFrees};
 
 /// Access to the other streams' shards from inside one shard's slow path.
@@ -120,6 +121,65 @@ pub(super) struct Accounting {
     pub reserved_hwm: usize,
     /// Pending frees taken under memory pressure by a device-side wait (`pressure.rs`).
     pub device_waits: u64,
+    /// This shard's changes to statistics with a peak, for the device-wide peaks
+    /// (`../totals.rs`).
+    pub log: StatLog,
+}
+
+impl Accounting {
+    /// Adds `amount` to `kind` in `pool` and in the aggregate (the oversize counters
+    /// take [`StatType::Aggregate`]), and logs the change.
+    #[inline(always)]
+    pub fn increase(&mut self, kind: Kind, pool: StatType, amount: usize) {
+        self.increase_all(pool, &[(kind, amount)]);
+    }
+
+    /// Subtracts `amount` from `kind` in `pool` and in the aggregate, and logs it.
+    #[inline(always)]
+    pub fn decrease(&mut self, kind: Kind, pool: StatType, amount: usize) {
+        self.decrease_all(pool, &[(kind, amount)]);
+    }
+
+    /// Several increases in `pool`, in order, with one test of the log (the fast paths
+    /// make their changes in groups: with one shard this costs what the plain
+    /// statistics did, plus one test).
+    #[inline(always)]
+    pub fn increase_all<const N: usize>(&mut self, pool: StatType, changes: &[(Kind, usize); N]) {
+        for &(kind, amount) in changes {
+            match kind.array_mut(&mut self.stats) {
+                Some(arr) => stats::increase(arr, pool, amount),
+                None => kind.stat_mut(&mut self.stats, pool).increase(amount),
+            }
+        }
+        if self.log.on {
+            self.log.record(pool, changes.map(|(k, a)| (k, a as i64)));
+        }
+    }
+
+    /// Several decreases in `pool`, in order, with one test of the log.
+    #[inline(always)]
+    pub fn decrease_all<const N: usize>(&mut self, pool: StatType, changes: &[(Kind, usize); N]) {
+        for &(kind, amount) in changes {
+            match kind.array_mut(&mut self.stats) {
+                Some(arr) => stats::decrease(arr, pool, amount),
+                None => kind.stat_mut(&mut self.stats, pool).decrease(amount),
+            }
+        }
+        if self.log.on {
+            self.log
+                .record(pool, changes.map(|(k, a)| (k, -(a as i64))));
+        }
+    }
+
+    /// Adds a signed `net` change (nothing when zero).
+    #[inline(always)]
+    pub fn apply_net(&mut self, kind: Kind, pool: StatType, net: i64) {
+        match net.cmp(&0) {
+            std::cmp::Ordering::Greater => self.increase(kind, pool, net as usize),
+            std::cmp::Ordering::Less => self.decrease(kind, pool, net.unsigned_abs() as usize),
+            std::cmp::Ordering::Equal => {}
+        }
+    }
 }
 
 /// Frees waiting before their blocks can be reused.
@@ -177,6 +237,7 @@ impl ShardState {
     pub fn new(stream: StreamHandle, shared: Arc<Shared>) -> Self {
         let mut known_streams = FxHashSet::default();
         known_streams.insert(StreamHandle::DEFAULT);
+        let log = StatLog::new(false, shared.clone());
         ShardState {
             stream,
             dev: shared.device.clone(),
@@ -187,7 +248,10 @@ impl ShardState {
             pools: StreamMap::default(),
             known_streams,
             vm: Slab::new(),
-            acct: Accounting::default(),
+            acct: Accounting {
+                log,
+                ..Accounting::default()
+            },
             waits: Waits::default(),
             capture: Capture::default(),
             lending: Lending::default(),

@@ -1,0 +1,704 @@
+//! Exact device-wide statistics over several stream shards (issue #17 item 9).
+//!
+//! Each shard keeps its own `DeviceStats` (the per-stream statistics). A device-wide
+//! current value is the sum over shards, but a device-wide peak is the highest value
+//! the *sum* took, which the shards' own peaks do not give once two shards change.
+//! So, from the moment a second shard exists (one stream logs nothing and pays one
+//! test per group of changes), each shard also appends every change to a statistic
+//! with a peak to its own [`StatLog`], under its own lock (nothing shared is written
+//! on the fast path): one header word per operation (a stamp) and one word per change
+//! (statistic, its aggregate, signed amount). A *merge* (on a statistics
+//! query, a peak reset, or when a log reaches [`MERGE_AT`] words) locks every shard
+//! in creation order with the [`Totals`] lock held, swaps their logs out, unlocks the
+//! shards, and replays the logs k-way by stamp into device-wide current values and
+//! peaks.
+//!
+//! Most merges replay nothing: while logging, a shard's own peaks cover only the
+//! window since the last merge (its per-stream peaks keep the earlier ones apart,
+//! `StatLog::saved`), and a window in which, for every statistic, the shards' window
+//! peaks add up to no more than the device-wide peak cannot have raised it; its
+//! currents are the shards' sums. A steady state gets there once its highest point
+//! was seen. Windows that may have raised a peak (one thread alternating streams makes
+//! most of them so: each shard's window peak counts the other's moments) are replayed,
+//! about 20 instructions per logged change (`Totals::apply_op`).
+//!
+//! Stamps: `max(clock, this thread's last stamp + 1, this shard's last stamp + 1)`,
+//! taken at an operation's first logged change. They increase along each shard's lock
+//! order and along each thread's program order (so one thread alternating streams is
+//! replayed exactly in its own order), and follow the clock between threads: the
+//! x86-64 time-stamp counter or the aarch64 virtual counter (both synchronised across
+//! cores), elsewhere (and under Miri) a process-wide atomic sequence. The replay order
+//! is therefore a valid linearisation of all changes, and every device-wide peak is
+//! the highest value its sum took along it. An operation that touches another shard
+//! (lending, reclaiming another stream's segments) starts a new stamp after the visit
+//! (`StatLog::split`), so its changes on both shards replay in program order.
+//!
+//! Invariants (checked by `Totals::merge` in debug builds and by the tests): after a
+//! merge, every device-wide current equals the sum of the shards' currents at the cut;
+//! a peak is never below its current. Memory: a log holds about `MERGE_AT` words,
+//! plus what is logged between reaching it and the next malloc (which merges:
+//! `Shared::ask_merge` makes every malloc's test of waiting frees take its slow
+//! branch, so the fast paths test nothing for it); frees and other operations log
+//! until then.
+
+use std::cell::Cell;
+use std::sync::Arc;
+
+use super::shared::Shared;
+
+use crate::stats::{DeviceStats, Stat, StatArray, StatType};
+
+/// Which statistic a change is to: the nine arrays of [`DeviceStats`] in field order,
+/// then the two single oversize counters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Allocation = 0,
+    Segment,
+    Active,
+    InactiveSplit,
+    AllocatedBytes,
+    ReservedBytes,
+    ActiveBytes,
+    InactiveSplitBytes,
+    RequestedBytes,
+    /// `oversize_allocations` (no pools: use [`StatType::Aggregate`]).
+    OversizeAllocations,
+    /// `oversize_segments` (no pools: use [`StatType::Aggregate`]).
+    OversizeSegments,
+}
+
+/// Every kind, in `Kind as usize` order.
+const KINDS: [Kind; 11] = [
+    Kind::Allocation,
+    Kind::Segment,
+    Kind::Active,
+    Kind::InactiveSplit,
+    Kind::AllocatedBytes,
+    Kind::ReservedBytes,
+    Kind::ActiveBytes,
+    Kind::InactiveSplitBytes,
+    Kind::RequestedBytes,
+    Kind::OversizeAllocations,
+    Kind::OversizeSegments,
+];
+
+impl Kind {
+    /// The [`Stat`] of `stats` this kind and `pool` name (the oversize counters have
+    /// one, whatever the pool).
+    #[inline(always)]
+    pub fn stat_mut(self, stats: &mut DeviceStats, pool: StatType) -> &mut Stat {
+        match self {
+            Kind::OversizeAllocations => &mut stats.oversize_allocations,
+            Kind::OversizeSegments => &mut stats.oversize_segments,
+            _ => &mut self.array_mut(stats).expect("an array kind")[pool],
+        }
+    }
+
+    /// The [`StatArray`] of `stats` this kind names; `None` for the oversize counters.
+    #[inline(always)]
+    pub fn array_mut(self, stats: &mut DeviceStats) -> Option<&mut StatArray> {
+        Some(match self {
+            Kind::Allocation => &mut stats.allocation,
+            Kind::Segment => &mut stats.segment,
+            Kind::Active => &mut stats.active,
+            Kind::InactiveSplit => &mut stats.inactive_split,
+            Kind::AllocatedBytes => &mut stats.allocated_bytes,
+            Kind::ReservedBytes => &mut stats.reserved_bytes,
+            Kind::ActiveBytes => &mut stats.active_bytes,
+            Kind::InactiveSplitBytes => &mut stats.inactive_split_bytes,
+            Kind::RequestedBytes => &mut stats.requested_bytes,
+            Kind::OversizeAllocations | Kind::OversizeSegments => return None,
+        })
+    }
+}
+
+/// Device-wide slots: 9 arrays × 3 pools (`kind * 3 + pool`), then the two oversize
+/// counters (27, 28); 32 so that a 5-bit slot indexes without a bounds check. Slot
+/// [`NO_SLOT`] is never read: the aggregate slot of a change to an oversize counter.
+const SLOTS: usize = 32;
+const NO_SLOT: usize = 31;
+
+fn slot(kind: usize, pool: usize) -> usize {
+    if kind < 9 {
+        kind * 3 + pool
+    } else {
+        27 + (kind - 9)
+    }
+}
+
+/// A log reaching this many words asks for a merge (256 KiB per shard: a merge
+/// locks every shard, and merging every 4,096 words cost the 2-thread scaling
+/// example about a quarter of its throughput on the development VM).
+pub(crate) const MERGE_AT: usize = 32768;
+
+/// Tag of a header word (the rest is the stamp).
+const HEADER: u64 = 1 << 63;
+/// A change word: its slot (5 bits, 58-62) and the aggregate's slot (5 bits, 53-57;
+/// [`NO_SLOT`] for the oversize counters, which have none) above a 53-bit signed amount
+/// (±4 PiB). Both slots are in the word so that a replay applies it without a branch.
+const AMOUNT_BITS: u32 = 53;
+const AMOUNT_MASK: u64 = (1 << AMOUNT_BITS) - 1;
+
+#[inline(always)]
+fn pack(kind: Kind, pool: StatType, delta: i64) -> u64 {
+    let k = kind as usize;
+    let (own, agg) = match k < 9 {
+        true => (slot(k, pool as usize), slot(k, 0)),
+        false => (slot(k, 0), NO_SLOT),
+    };
+    ((own as u64) << 58) | ((agg as u64) << AMOUNT_BITS) | (delta as u64 & AMOUNT_MASK)
+}
+
+/// (slot, aggregate's slot, signed amount) of a change word.
+#[inline(always)]
+fn unpack(w: u64) -> (usize, usize, i64) {
+    let own = ((w >> 58) & 0x1F) as usize;
+    let agg = ((w >> AMOUNT_BITS) & 0x1F) as usize;
+    // Sign-extend the amount.
+    let delta = ((w << (64 - AMOUNT_BITS)) as i64) >> (64 - AMOUNT_BITS);
+    (own, agg, delta)
+}
+
+/// One shard's log of changes since the last merge (see the module doc).
+#[derive(Default)]
+pub(crate) struct StatLog {
+    /// Whether changes are logged (from the moment a second shard exists).
+    pub on: bool,
+    words: Vec<u64>,
+    /// Stamp of the operation under way; 0 before its first logged change.
+    op: u64,
+    /// This shard's last stamp.
+    last: u64,
+    /// Told when `words` reaches [`MERGE_AT`]: the allocator merges at its next
+    /// malloc, with no shard lock held (`Shared::ask_merge`).
+    wants_merge: Option<Arc<Shared>>,
+    /// Whether this log raised `wants_merge` since its last swap.
+    asked: bool,
+    /// While logging, the shard's own peaks cover only the window since the last
+    /// merge (the bound that lets a merge skip its replay); its per-stream peaks are
+    /// the larger of those and these, its peaks before the window.
+    saved: [i64; SLOTS],
+}
+
+impl StatLog {
+    /// A log that asks `shared` for a merge when it fills.
+    pub fn new(on: bool, shared: Arc<Shared>) -> Self {
+        StatLog {
+            on,
+            wants_merge: Some(shared),
+            ..StatLog::default()
+        }
+    }
+
+    /// A new operation begins (the shard's lock was just taken).
+    #[inline]
+    pub fn begin_op(&mut self) {
+        self.op = 0;
+    }
+
+    /// The operation touched another shard: its next change takes a new, later stamp.
+    #[inline]
+    pub fn split(&mut self) {
+        self.op = 0;
+    }
+
+    /// Appends changes (statistic, signed amount) to `pool`, in order. Inlined, so
+    /// each word's statistic bits fold to a constant; the stamp is out of line.
+    #[inline(always)]
+    pub fn record<const N: usize>(&mut self, pool: StatType, changes: [(Kind, i64); N]) {
+        if self.op == 0 {
+            self.header();
+        }
+        self.words.reserve(N);
+        for (kind, delta) in changes {
+            self.words.push(pack(kind, pool, delta));
+        }
+        if self.words.len() >= MERGE_AT && !self.asked {
+            self.ask_merge();
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn ask_merge(&mut self) {
+        self.asked = true;
+        if let Some(shared) = &self.wants_merge {
+            shared.ask_merge();
+        }
+    }
+
+    #[inline(never)]
+    fn header(&mut self) {
+        let s = clock::stamp(self.last);
+        self.last = s;
+        self.op = s;
+        self.words.push(HEADER | s);
+    }
+
+    /// Starts a new window: the shard's peaks (`stats`, its own) fold into `saved`
+    /// and restart from the current values.
+    pub fn open_window(&mut self, stats: &mut DeviceStats) {
+        for_slots(stats, |i, s| {
+            self.saved[i] = self.saved[i].max(s.peak);
+            s.peak = s.current;
+        });
+    }
+
+    /// Writes the shard's per-stream peaks into `stats` (a copy of its own).
+    pub fn stream_peaks(&self, stats: &mut DeviceStats) {
+        for_slots(stats, |i, s| s.peak = s.peak.max(self.saved[i]));
+    }
+
+    /// Forgets the peaks before the window (the shard's peaks were reset).
+    pub fn reset_saved(&mut self) {
+        self.saved = [0; SLOTS];
+    }
+
+    /// Forgets the logged words (a merge that needs no replay), keeping the buffer.
+    pub fn clear(&mut self) {
+        self.op = 0;
+        self.asked = false;
+        self.words.clear();
+    }
+
+    /// Takes the logged words, leaving `spare` (emptied) in their place.
+    pub fn swap(&mut self, spare: Vec<u64>) -> Vec<u64> {
+        self.op = 0;
+        self.asked = false;
+        std::mem::replace(&mut self.words, spare)
+    }
+}
+
+/// What a merge must do (`Totals::plan`), with the sums of the shards' currents.
+pub(crate) enum Plan {
+    /// No peak can have risen: clear the logs in place (each stays in its shard's
+    /// cache) and take the sums.
+    Skip([i64; SLOTS]),
+    /// Swap the logs out and replay them.
+    Replay([i64; SLOTS]),
+}
+
+/// Device-wide current values and peaks, rebuilt from the shards' logs.
+pub(crate) struct Totals {
+    /// Whether the logs are on (a second shard was created).
+    pub enabled: bool,
+    cur: [i64; SLOTS],
+    peak: [i64; SLOTS],
+    /// Emptied log buffers, swapped into the shards at the next merge.
+    spare: Vec<Vec<u64>>,
+}
+
+impl Default for Totals {
+    fn default() -> Self {
+        Totals {
+            enabled: false,
+            cur: [0; SLOTS],
+            peak: [0; SLOTS],
+            spare: Vec::new(),
+        }
+    }
+}
+
+impl Totals {
+    /// Turns the logs on, starting from the statistics of the only shard so far (its
+    /// current values and peaks are the device's). Call with that shard locked.
+    pub fn enable(&mut self, only: Option<&DeviceStats>) {
+        self.enabled = true;
+        let mut base = only.copied().unwrap_or_default();
+        for_slots(&mut base, |i, s| {
+            self.cur[i] = s.current;
+            self.peak[i] = s.peak.max(s.current);
+        });
+    }
+
+    /// An empty buffer to swap into a shard's log.
+    pub fn spare(&mut self) -> Vec<u64> {
+        self.spare.pop().unwrap_or_default()
+    }
+
+    /// A whole merge of `logs` (one per shard, cut at the same moment as `shards`, the
+    /// shards' statistics), as `CachingAllocator::cut` does it in two steps.
+    #[cfg(test)]
+    pub fn merge(&mut self, logs: Vec<Vec<u64>>, shards: &[&DeviceStats]) {
+        match self.plan(shards) {
+            Plan::Skip(sum) => self.cur = sum,
+            Plan::Replay(sum) => self.replay(logs, sum),
+        }
+    }
+
+    /// Whether a merge of a window that ended with the shards at `shards` must replay
+    /// the logs (in stamp order, ties going to the earlier log), with the sums of the
+    /// shards' currents.
+    ///
+    /// Skipped when no peak can rise: while logging, a shard's own peaks cover only the
+    /// window since the last merge (`StatLog::open_window`), so when for every
+    /// statistic the sum of the shards' window peaks is at most the device-wide peak,
+    /// the window set no new peak and the currents are the shards' sums (a steady state
+    /// gets there once its highest point was seen).
+    pub fn plan(&self, shards: &[&DeviceStats]) -> Plan {
+        let (mut bound, mut sum) = ([0i64; SLOTS], [0i64; SLOTS]);
+        for st in shards {
+            for_slots(&mut (**st).clone(), |i, s| {
+                bound[i] += s.peak.max(s.current);
+                sum[i] += s.current;
+            });
+        }
+        if bound.iter().zip(&self.peak).all(|(b, p)| b <= p) {
+            Plan::Skip(sum)
+        } else {
+            Plan::Replay(sum)
+        }
+    }
+
+    /// Ends a merge: the window raised no peak, the currents are `sum`.
+    pub fn skip(&mut self, sum: [i64; SLOTS]) {
+        self.cur = sum;
+    }
+
+    /// Ends a merge by replaying `logs` (which end at currents `sum`); keeps their
+    /// buffers for reuse.
+    pub fn replay(&mut self, logs: Vec<Vec<u64>>, sum: [i64; SLOTS]) {
+        self.apply_logs(&logs);
+        (self.cur[NO_SLOT], self.peak[NO_SLOT]) = (0, 0);
+        debug_assert_eq!(self.cur, sum, "the logs replay to the shards' sums");
+        self.cur = sum;
+        for mut l in logs {
+            l.clear();
+            self.spare.push(l);
+        }
+    }
+
+    /// Applies every logged change in stamp order: each step applies the next
+    /// operation of the log whose next header has the smallest stamp (the merge is by
+    /// operation; within one, changes are in order).
+    fn apply_logs(&mut self, logs: &[Vec<u64>]) {
+        let mut rest: Vec<&[u64]> = logs
+            .iter()
+            .map(|l| &l[..])
+            .filter(|l| !l.is_empty())
+            .collect();
+        while !rest.is_empty() {
+            let mut best = 0;
+            for (i, l) in rest.iter().enumerate() {
+                // Headers compare as their stamps (the same tag bit above each).
+                if l[0] < rest[best][0] {
+                    best = i;
+                }
+            }
+            let l = rest[best];
+            let used = self.apply_op(l);
+            if used == l.len() {
+                rest.swap_remove(best);
+            } else {
+                rest[best] = &l[used..];
+            }
+        }
+    }
+
+    /// Applies the operation `words` starts with (its header, then its changes up to
+    /// the next header); returns how many words it took.
+    #[inline]
+    fn apply_op(&mut self, words: &[u64]) -> usize {
+        debug_assert!(
+            words[0] & HEADER != 0,
+            "a log starts each operation with a header"
+        );
+        let (cur, peak) = (&mut self.cur, &mut self.peak);
+        for (n, &w) in words.iter().enumerate().skip(1) {
+            if w & HEADER != 0 {
+                return n;
+            }
+            let (own, agg, delta) = unpack(w);
+            // A decrease never raises a peak (a peak is never below its current value);
+            // taking the larger is cheaper than asking.
+            cur[own] += delta;
+            peak[own] = peak[own].max(cur[own]);
+            cur[agg] += delta;
+            peak[agg] = peak[agg].max(cur[agg]);
+        }
+        words.len()
+    }
+
+    /// Sets every peak to its current value (PyTorch's `resetPeakStats`).
+    pub fn reset_peak(&mut self) {
+        self.peak = self.cur;
+    }
+
+    /// Writes the device-wide current values and peaks into `out`.
+    pub fn fill(&self, out: &mut DeviceStats) {
+        for_slots(out, |i, s| {
+            s.current = self.cur[i];
+            s.peak = self.peak[i];
+        });
+    }
+
+    /// Whether the device-wide currents equal `sum`'s (a merge's invariant).
+    pub fn currents_match(&self, sum: &DeviceStats) -> bool {
+        let mut ok = true;
+        for_slots(&mut sum.clone(), |i, s| ok &= s.current == self.cur[i]);
+        ok
+    }
+}
+
+fn sum_stat(a: &mut Stat, b: &Stat) {
+    a.current += b.current;
+    a.allocated += b.allocated;
+    a.freed += b.freed;
+    a.peak = a.peak.max(b.peak);
+}
+
+fn sum_array(a: &mut StatArray, b: &StatArray) {
+    for (x, y) in a.iter_mut().zip(b) {
+        sum_stat(x, y);
+    }
+}
+
+/// Several shards' statistics as one: the sums, and as peaks the larger of the
+/// shards' peaks and the summed current (current values and peaks are then replaced
+/// by the exact device-wide ones, `Totals::fill`).
+pub(crate) fn sum_stats(per: &[DeviceStats]) -> DeviceStats {
+    let mut out = DeviceStats {
+        max_split_size: per[0].max_split_size,
+        ..DeviceStats::default()
+    };
+    for s in per {
+        for (a, b) in [
+            (&mut out.allocation, &s.allocation),
+            (&mut out.segment, &s.segment),
+            (&mut out.active, &s.active),
+            (&mut out.inactive_split, &s.inactive_split),
+            (&mut out.allocated_bytes, &s.allocated_bytes),
+            (&mut out.reserved_bytes, &s.reserved_bytes),
+            (&mut out.active_bytes, &s.active_bytes),
+            (&mut out.inactive_split_bytes, &s.inactive_split_bytes),
+            (&mut out.requested_bytes, &s.requested_bytes),
+        ] {
+            sum_array(a, b);
+        }
+        sum_stat(&mut out.oversize_allocations, &s.oversize_allocations);
+        sum_stat(&mut out.oversize_segments, &s.oversize_segments);
+        out.num_alloc_retries += s.num_alloc_retries;
+        out.num_ooms += s.num_ooms;
+        out.num_sync_all_streams += s.num_sync_all_streams;
+        out.num_device_alloc += s.num_device_alloc;
+        out.num_device_free += s.num_device_free;
+    }
+    // The nine arrays (slots before 27), as before exact statistics existed.
+    for_slots(&mut out, |i, s| {
+        if i < 27 {
+            s.peak = s.peak.max(s.current);
+        }
+    });
+    out
+}
+
+/// Calls `f` with each slot and the statistic of `stats` it names.
+fn for_slots(stats: &mut DeviceStats, mut f: impl FnMut(usize, &mut Stat)) {
+    for (k, &kind) in KINDS.iter().enumerate() {
+        for p in 0..if k < 9 { 3 } else { 1 } {
+            f(slot(k, p), kind.stat_mut(stats, pool_of(p)));
+        }
+    }
+}
+
+fn pool_of(p: usize) -> StatType {
+    match p {
+        0 => StatType::Aggregate,
+        1 => StatType::SmallPool,
+        _ => StatType::LargePool,
+    }
+}
+
+/// Stamps: a cross-core synchronised counter, made strictly increasing per thread and
+/// per shard.
+mod clock {
+    use super::Cell;
+
+    thread_local! {
+        /// This thread's last stamp.
+        static LAST: Cell<u64> = const { Cell::new(0) };
+    }
+
+    /// A stamp after `shard_last`, after this thread's last one, and not before now.
+    #[inline]
+    pub fn stamp(shard_last: u64) -> u64 {
+        let now = now() & !super::HEADER;
+        LAST.with(|l| {
+            let s = now.max(l.get() + 1).max(shard_last + 1);
+            l.set(s);
+            s
+        })
+    }
+
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    #[inline]
+    fn now() -> u64 {
+        // SAFETY: RDTSC exists on every x86-64 processor and only reads the counter.
+        unsafe { core::arch::x86_64::_rdtsc() }
+    }
+
+    #[cfg(all(target_arch = "aarch64", not(miri)))]
+    #[inline]
+    fn now() -> u64 {
+        let v: u64;
+        // SAFETY: reading the virtual counter is allowed at EL0 on Linux and touches no
+        // memory; the ISB keeps it after the instructions before it.
+        unsafe { core::arch::asm!("isb", "mrs {}, cntvct_el0", out(reg) v, options(nostack)) };
+        v
+    }
+
+    #[cfg(any(not(any(target_arch = "x86_64", target_arch = "aarch64")), miri))]
+    #[inline]
+    fn now() -> u64 {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static SEQ: AtomicU64 = AtomicU64::new(1);
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn log() -> StatLog {
+        StatLog {
+            on: true,
+            ..StatLog::default()
+        }
+    }
+
+    #[test]
+    fn words_round_trip() {
+        for d in [0i64, 1, -1, 4 << 20, -(4 << 20), (1 << 52) - 1, -(1 << 52)] {
+            let w = pack(Kind::RequestedBytes, StatType::LargePool, d);
+            assert_eq!(w & HEADER, 0);
+            assert_eq!(unpack(w), (8 * 3 + 2, 8 * 3, d));
+        }
+        let w = pack(Kind::OversizeSegments, StatType::Aggregate, -3);
+        assert_eq!(unpack(w), (28, NO_SLOT, -3));
+    }
+
+    /// A shard's statistics with `kind` in `pool` at `current`, window peak `peak`.
+    fn shard(kind: Kind, pool: StatType, current: i64, peak: i64) -> DeviceStats {
+        let mut s = DeviceStats::default();
+        for p in [StatType::Aggregate, pool] {
+            let st = kind.stat_mut(&mut s, p);
+            (st.current, st.peak) = (current, peak);
+        }
+        s
+    }
+
+    #[test]
+    fn interleaved_logs_give_the_peak_of_the_sum() {
+        // One thread: +4 on shard a, +6 on shard b, -4 on a, +1 on b. The sum peaks at
+        // 10 after the second change; each shard's own peak (4, 7) says less.
+        let (mut a, mut b) = (log(), log());
+        let steps: [(bool, i64); 4] = [(true, 4), (false, 6), (true, -4), (false, 1)];
+        for (on_a, d) in steps {
+            let l = if on_a { &mut a } else { &mut b };
+            l.begin_op();
+            l.record(StatType::SmallPool, [(Kind::AllocatedBytes, d)]);
+        }
+        let mut t = Totals::default();
+        t.enable(None);
+        let (sa, sb) = (
+            shard(Kind::AllocatedBytes, StatType::SmallPool, 0, 4),
+            shard(Kind::AllocatedBytes, StatType::SmallPool, 7, 7),
+        );
+        t.merge(vec![a.swap(Vec::new()), b.swap(Vec::new())], &[&sa, &sb]);
+        let mut s = DeviceStats::default();
+        t.fill(&mut s);
+        let cp = |x: Stat| (x.current, x.peak);
+        assert_eq!(cp(s.allocated_bytes[0]), (7, 10));
+        assert_eq!(cp(s.allocated_bytes[1]), (7, 10));
+        assert_eq!(cp(s.allocated_bytes[2]), (0, 0));
+        t.reset_peak();
+        t.fill(&mut s);
+        assert_eq!(cp(s.allocated_bytes[0]), (7, 7));
+    }
+
+    #[test]
+    fn a_window_that_cannot_raise_a_peak_is_not_replayed() {
+        // Device peak 10; the shards' window peaks sum to 9: the merge takes the sums
+        // of the currents and skips the log (whose words are made up here: a replay
+        // would raise the peak to 20).
+        let mut t = Totals::default();
+        t.enable(Some(&shard(Kind::Active, StatType::LargePool, 5, 10)));
+        let mut a = log();
+        a.begin_op();
+        a.record(
+            StatType::LargePool,
+            [(Kind::Active, 15), (Kind::Active, -12)],
+        );
+        let (sa, sb) = (
+            shard(Kind::Active, StatType::LargePool, 3, 5),
+            shard(Kind::Active, StatType::LargePool, 4, 4),
+        );
+        t.merge(vec![a.swap(Vec::new())], &[&sa, &sb]);
+        let mut s = DeviceStats::default();
+        t.fill(&mut s);
+        assert_eq!((s.active[0].current, s.active[0].peak), (7, 10));
+        assert_eq!((s.active[2].current, s.active[2].peak), (7, 10));
+    }
+
+    #[test]
+    fn an_operation_replays_in_order_and_a_split_follows_the_other_shard() {
+        // Lending a segment: shard a's operation logs a change, then takes 5 bytes of
+        // reserve from shard b (b: -5) and adds them (a: +5). The truth never exceeds
+        // 5; without the split, a's +5 would share a's first stamp and replay before
+        // b's -5: a false peak of 10.
+        let (mut a, mut b) = (log(), log());
+        let mut t = Totals::default();
+        t.enable(Some(&shard(Kind::ReservedBytes, StatType::LargePool, 5, 5)));
+        a.begin_op();
+        a.record(StatType::SmallPool, [(Kind::Active, 1)]);
+        b.begin_op();
+        b.record(StatType::LargePool, [(Kind::ReservedBytes, -5)]);
+        a.split();
+        a.record(StatType::LargePool, [(Kind::ReservedBytes, 5)]);
+        let mut sa = shard(Kind::ReservedBytes, StatType::LargePool, 5, 5);
+        let one = Stat {
+            current: 1,
+            peak: 1,
+            ..Stat::default()
+        };
+        (sa.active[0], sa.active[1]) = (one, one);
+        let sb = shard(Kind::ReservedBytes, StatType::LargePool, 0, 5);
+        t.merge(vec![a.swap(Vec::new()), b.swap(Vec::new())], &[&sa, &sb]);
+        let mut s = DeviceStats::default();
+        t.fill(&mut s);
+        assert_eq!(
+            (s.reserved_bytes[0].current, s.reserved_bytes[0].peak),
+            (5, 5)
+        );
+        assert_eq!((s.active[0].current, s.active[0].peak), (1, 1));
+    }
+
+    #[test]
+    fn a_full_log_asks_for_a_merge_once() {
+        let mut l = log();
+        l.begin_op();
+        for _ in 0..MERGE_AT - 2 {
+            l.record(StatType::SmallPool, [(Kind::Active, 1)]);
+        }
+        assert!(!l.asked);
+        l.record(StatType::SmallPool, [(Kind::Active, 1)]);
+        assert!(l.asked);
+    }
+
+    #[test]
+    fn enabling_starts_from_the_only_shard() {
+        let mut only = DeviceStats::default();
+        crate::stats::increase(&mut only.active_bytes, StatType::LargePool, 8);
+        crate::stats::decrease(&mut only.active_bytes, StatType::LargePool, 3);
+        only.oversize_segments.increase(2);
+        let mut t = Totals::default();
+        t.enable(Some(&only));
+        let mut s = DeviceStats::default();
+        t.fill(&mut s);
+        assert_eq!((s.active_bytes[0].current, s.active_bytes[0].peak), (5, 8));
+        assert_eq!((s.active_bytes[2].current, s.active_bytes[2].peak), (5, 8));
+        assert_eq!(s.oversize_segments.peak, 2);
+        assert!(t.currents_match(&only));
+    }
+}
