@@ -222,7 +222,7 @@ impl CachingAllocator {
                 debug_assert_eq!(shards.len(), 1, "the logs go on with the second shard");
                 totals.enable(Some(&st.acct.stats));
                 let acct = &mut st.acct;
-                acct.log.on = true;
+                acct.log.start();
                 acct.log.open_window(&mut acct.stats);
             }
         }
@@ -230,7 +230,9 @@ impl CachingAllocator {
         self.shards
             .get_or_insert(stream, || {
                 let mut st = ShardState::new(stream, self.shared.clone());
-                st.acct.log.on = log;
+                if log {
+                    st.acct.log.start();
+                }
                 st
             })
             .ok_or_else(|| {

@@ -190,6 +190,14 @@ impl StatLog {
         }
     }
 
+    /// Turns logging on, with room for a whole window: a log that grows while the
+    /// allocator runs copies itself at each doubling (the spare buffers merges hand
+    /// back keep their room).
+    pub fn start(&mut self) {
+        self.on = true;
+        self.words.reserve(MERGE_AT + 64);
+    }
+
     /// A new operation begins (the shard's lock was just taken).
     #[inline]
     pub fn begin_op(&mut self) {
@@ -311,9 +319,11 @@ impl Totals {
         });
     }
 
-    /// An empty buffer to swap into a shard's log.
+    /// An empty buffer with room for a window, to swap into a shard's log.
     pub fn spare(&mut self) -> Vec<u64> {
-        self.spare.pop().unwrap_or_default()
+        self.spare
+            .pop()
+            .unwrap_or_else(|| Vec::with_capacity(MERGE_AT + 64))
     }
 
     /// A whole merge of `logs` (one per shard, cut at the same moment as `shards`, the
