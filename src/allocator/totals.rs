@@ -235,7 +235,7 @@ impl StatLog {
         }
     }
 
-    #[inline(never)]
+    #[inline(always)]
     fn header(&mut self) {
         let s = clock::stamp(self.last);
         self.last = s;
