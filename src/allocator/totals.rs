@@ -30,8 +30,9 @@
 //! cores), elsewhere (and under Miri) a process-wide atomic sequence. The replay order
 //! is therefore a valid linearisation of all changes, and every device-wide peak is
 //! the highest value its sum took along it. An operation that touches another shard
-//! (lending, reclaiming another stream's segments) starts a new stamp after the visit
-//! (`StatLog::split`), so its changes on both shards replay in program order.
+//! (lending, reclaiming another stream's segments) takes a new stamp for its next
+//! change after the visit (`StatLog::record` sees that this thread stamped since), so
+//! its changes on both shards replay in program order, whatever the code that visits.
 //!
 //! Invariants (checked by `Totals::merge` in debug builds and by the tests): after a
 //! merge, every device-wide current equals the sum of the shards' currents at the cut;
@@ -204,17 +205,14 @@ impl StatLog {
         self.op = 0;
     }
 
-    /// The operation touched another shard: its next change takes a new, later stamp.
-    #[inline]
-    pub fn split(&mut self) {
-        self.op = 0;
-    }
-
     /// Appends changes (statistic, signed amount) to `pool`, in order. Inlined, so
     /// each word's statistic bits fold to a constant; the stamp is out of line.
     #[inline(always)]
     pub fn record<const N: usize>(&mut self, pool: StatType, changes: [(Kind, i64); N]) {
-        if self.op == 0 {
+        // A new operation, or this thread stamped a change on another shard since this
+        // operation's header (lending, reclaiming: visits inside the operation): a new,
+        // later stamp, so the changes on both shards replay in program order.
+        if self.op == 0 || self.op != clock::last() {
             self.header();
         }
         self.words.reserve(N);
@@ -529,6 +527,12 @@ mod clock {
         static LAST: Cell<u64> = const { Cell::new(0) };
     }
 
+    /// This thread's last stamp (0 before its first).
+    #[inline]
+    pub fn last() -> u64 {
+        LAST.with(Cell::get)
+    }
+
     /// A stamp after `shard_last`, after this thread's last one, and not before now.
     #[inline]
     pub fn stamp(shard_last: u64) -> u64 {
@@ -652,11 +656,11 @@ mod tests {
     }
 
     #[test]
-    fn an_operation_replays_in_order_and_a_split_follows_the_other_shard() {
+    fn an_operation_replays_in_order_and_a_visit_to_another_shard_splits_it() {
         // Lending a segment: shard a's operation logs a change, then takes 5 bytes of
         // reserve from shard b (b: -5) and adds them (a: +5). The truth never exceeds
-        // 5; without the split, a's +5 would share a's first stamp and replay before
-        // b's -5: a false peak of 10.
+        // 5; had a's +5 shared a's first stamp (no new header after the visit: this
+        // thread stamped b since), it would replay before b's -5: a false peak of 10.
         let (mut a, mut b) = (log(), log());
         let mut t = Totals::default();
         t.enable(Some(&shard(Kind::ReservedBytes, StatType::LargePool, 5, 5)));
@@ -664,7 +668,6 @@ mod tests {
         a.record(StatType::SmallPool, [(Kind::Active, 1)]);
         b.begin_op();
         b.record(StatType::LargePool, [(Kind::ReservedBytes, -5)]);
-        a.split();
         a.record(StatType::LargePool, [(Kind::ReservedBytes, 5)]);
         let mut sa = shard(Kind::ReservedBytes, StatType::LargePool, 5, 5);
         let one = Stat {

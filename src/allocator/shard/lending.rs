@@ -124,7 +124,6 @@ impl ShardState {
             lent = other.lend_segment(kind, req.rounded, limit, stream);
             lent.is_none()
         });
-        self.acct.log.split();
         let Some((ptr, size)) = lent else {
             return Ok(None);
         };
@@ -206,7 +205,6 @@ impl ShardState {
             lent = other.lend_block(req);
             lent.is_none()
         });
-        self.acct.log.split();
         if lent.is_some() && remember {
             self.lending.borrowed.note(req, self.shared.growths());
         }

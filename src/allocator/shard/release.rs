@@ -191,7 +191,6 @@ impl ShardState {
                 released += other.release_idle_segments(over - released);
                 released < over
             });
-            self.acct.log.split();
         }
     }
 
@@ -265,7 +264,6 @@ impl ShardState {
                 reclaimed += other.collect_old_blocks(target - reclaimed);
                 reclaimed < target
             });
-            self.acct.log.split();
         }
     }
 
