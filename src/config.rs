@@ -12,7 +12,8 @@
 //! rounding; [`TORCH_NPU_POLICY`] sets torch_npu's 32) and `base_addr_aligned_kb`
 //! (torch_npu's head split with expandable segments, off by default; the preset sets
 //! torch_npu's 16), and `expandable_best_fit` (PyTorch's best fit with expandable
-//! segments, which npualloc's default leaves out: on in both presets).
+//! segments, which npualloc's default leaves out: on in both presets), and
+//! `exact_stats` (exact device-wide peaks with several streams, on by default).
 //! `Config::parse_torch_npu` reads `PYTORCH_NPU_ALLOC_CONF` as torch_npu 2.14
 //! does: every key torch_npu accepts is accepted (equivalents honoured, the rest listed
 //! as ignored).
@@ -119,6 +120,13 @@ pub struct Config {
     /// a device-side wait for a pending free (with `wait_before_growth`), then grows
     /// anyway. `None` (the default): no budget.
     pub reserve_budget: Option<usize>,
+    /// Device-wide statistics exact with several streams (the default, as PyTorch's):
+    /// from the second stream on, shards log their changes to statistics with a peak
+    /// (`allocator/totals.rs`). `False` (`exact_stats:False`): no logs; with several
+    /// streams the aggregate peaks other than reserved bytes are then the larger of
+    /// each stream's peak and the sum of current values (a lower bound), for the
+    /// throughput of several threads on their own streams.
+    pub exact_stats: bool,
 }
 
 impl Default for Config {
@@ -141,6 +149,7 @@ impl Default for Config {
             expandable_best_fit: false,
             wait_before_growth: true,
             reserve_budget: None,
+            exact_stats: true,
         }
     }
 }
@@ -259,6 +268,9 @@ impl Config {
                 }
                 "hot_cache" => {
                     cfg.hot_cache = parse_bool(key, value)?;
+                }
+                "exact_stats" => {
+                    cfg.exact_stats = parse_bool(key, value)?;
                 }
                 "lend_segments" => {
                     cfg.lend_segments = parse_bool(key, value)?;

@@ -213,9 +213,10 @@ impl CachingAllocator {
     fn new_shard(&self, stream: StreamHandle) -> Result<(u32, &Shard), Error> {
         self.device.check_stream(self.index, stream)?;
         // Shards are created under the statistics lock: the second one turns the
-        // statistics logs on, starting from the first shard's statistics.
+        // statistics logs on (unless `exact_stats:False`), starting from the first
+        // shard's statistics.
         let mut totals = self.shared.totals.lock();
-        if !totals.enabled && self.shards.get(stream).is_none() {
+        if self.shared.config.exact_stats && !totals.enabled && self.shards.get(stream).is_none() {
             let shards = self.shards.all();
             if let Some(only) = shards.first() {
                 let mut st = only.lock();

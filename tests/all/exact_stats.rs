@@ -291,6 +291,26 @@ fn the_issue_example_alternating_streams() {
     check(&a);
 }
 
+#[test]
+fn exact_stats_false_keeps_per_stream_peaks() {
+    // The opt-out: no logs; the aggregate peak of the issue's case is the larger
+    // stream's (8 MiB), not the 14 MiB live at once; currents stay exact.
+    let conf = "exact_stats:False,lend_segments:False,lend_blocks:False";
+    let (sim, a) = with(1 << 30, SimMode::Manual, false, conf);
+    let side = sim.create_stream(0).unwrap();
+    let m1 = a.malloc(4 * MIB, MAIN).unwrap();
+    let s1 = a.malloc(6 * MIB, side).unwrap();
+    a.free(m1).unwrap();
+    let m2 = a.malloc(8 * MIB, MAIN).unwrap();
+    assert_eq!(a.stats().requested_bytes[0].current, 14 * MIB as i64);
+    a.free(m2).unwrap();
+    a.free(s1).unwrap();
+    let s = a.stats();
+    assert_eq!(s.requested_bytes[0].peak, 8 * MIB as i64);
+    assert_eq!(s.requested_bytes[0].current, 0);
+    check(&a);
+}
+
 /// Sizes of thread `t` in round `r`: small (512 B multiples, allocated exactly) and
 /// large requests.
 fn round_sizes(t: usize, r: usize) -> Vec<usize> {
