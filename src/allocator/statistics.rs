@@ -21,7 +21,9 @@ impl CachingAllocator {
     /// on, every change to a statistic with a peak is also logged by its shard and the
     /// logs are replayed in the order the changes happened (`totals.rs`). Per-pool
     /// (small, large) peaks are exact the same way; the reserved-bytes peak is also
-    /// bounded below by the device-wide reserve counter.
+    /// bounded below by the device-wide reserve counter. With `exact_stats:False` no
+    /// logs are kept: with several streams the aggregate peaks are then the larger of
+    /// each stream's peak and the sum of the current values (a lower bound).
     pub fn stats(&self) -> DeviceStats {
         let mut totals = self.shared.totals.lock();
         let mut per = Vec::new();

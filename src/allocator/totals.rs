@@ -4,7 +4,7 @@
 //! current value is the sum over shards, but a device-wide peak is the highest value
 //! the *sum* took, which the shards' own peaks do not give once two shards change.
 //! So, from the moment a second shard exists (one stream logs nothing and pays one
-//! test per group of changes), each shard also appends every change to a statistic
+//! test per group of changes; `exact_stats:False` never starts the logs), each shard also appends every change to a statistic
 //! with a peak to its own [`StatLog`], under its own lock (nothing shared is written
 //! on the fast path): one header word per operation (a stamp) and one word per change
 //! (statistic, its aggregate, signed amount). A *merge* (on a statistics
