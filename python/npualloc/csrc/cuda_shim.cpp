@@ -13,7 +13,7 @@
 //   at each allocation while a capture is open, routes a stream the filter accepts
 //   (npualloc_begin_allocate_to_pool) before allocating on it. end_allocate_to_pool
 //   ends the routing of every stream routed; release_pool drops the pool's use. (The
-//   same logic as the torch_npu shim's, without torch_npu's task queue.)
+//   routing is graph_pools.h, shared with the torch_npu shim.)
 // Everything else torch.cuda passes plain C types, so it goes straight to the C ABI
 // (npualloc.install_cuda sets those hooks).
 #include <algorithm>
@@ -29,70 +29,27 @@
 #include <c10/util/Exception.h>
 #include <torch/extension.h>
 
-#include "npualloc.h"
-
 struct CUstream_st;
 using cudaStream_t = CUstream_st*;  // as cuda_runtime_api.h declares it
+
+#include "graph_pools.h"
+#include "npualloc.h"
 
 namespace {
 
 using Filter = std::function<bool(cudaStream_t)>;
 
-struct Capture {
-  int device;
-  c10::MempoolId_t pool;
-  Filter filter;
-  std::vector<cudaStream_t> routed;  // streams npualloc routes to the pool
-};
-
-std::mutex g_capture_mu;
-std::vector<Capture> g_captures;
-std::atomic<int> g_open_captures{0};
-std::vector<std::pair<int, c10::MempoolId_t>> g_pools;  // pools npualloc has (released once)
-
-void route_if_captured(int device, cudaStream_t stream) {
-  std::lock_guard<std::mutex> lock(g_capture_mu);
-  for (auto& c : g_captures) {
-    if (c.device != device) continue;
-    for (auto s : c.routed)
-      if (s == stream) return;
-    if (!c.filter || !c.filter(stream)) continue;
-    int rc = npualloc_begin_allocate_to_pool(device, c.pool.first, c.pool.second, stream);
-    TORCH_CHECK(rc == NPUALLOC_OK, "npualloc could not route a captured stream to the graph's pool: ",
-                npualloc_last_error());
-    c.routed.push_back(stream);
-    auto key = std::make_pair(device, c.pool);
-    if (std::find(g_pools.begin(), g_pools.end(), key) == g_pools.end()) g_pools.push_back(key);
-    return;
-  }
-}
+npualloc_shim::GraphPools<cudaStream_t> g_graphs;
 
 void begin_allocate_to_pool(int device, c10::MempoolId_t pool, Filter filter) {
-  std::lock_guard<std::mutex> lock(g_capture_mu);
-  g_captures.push_back(Capture{device, pool, std::move(filter), {}});
-  g_open_captures.fetch_add(1);
+  g_graphs.begin(device, pool, std::move(filter));
 }
 
-void end_allocate_to_pool(int device, c10::MempoolId_t pool) {
-  std::lock_guard<std::mutex> lock(g_capture_mu);
-  for (auto it = g_captures.begin(); it != g_captures.end(); ++it) {
-    if (it->device != device || it->pool != pool) continue;
-    for (size_t i = 0; i < it->routed.size(); ++i)
-      npualloc_end_allocate_to_pool(device, pool.first, pool.second);
-    g_captures.erase(it);
-    g_open_captures.fetch_sub(1);
-    return;
-  }
-}
+void end_allocate_to_pool(int device, c10::MempoolId_t pool) { g_graphs.end(device, pool); }
 
-void release_pool(int device, c10::MempoolId_t pool) {
-  // A capture that allocated nothing created no pool in npualloc: nothing to release.
-  std::lock_guard<std::mutex> lock(g_capture_mu);
-  auto it = std::find(g_pools.begin(), g_pools.end(), std::make_pair(device, pool));
-  if (it == g_pools.end()) return;
-  g_pools.erase(it);
-  npualloc_release_pool(device, pool.first, pool.second);
-}
+void release_pool(int device, c10::MempoolId_t pool) { g_graphs.release(device, pool); }
+
+void nothing_before_filter(int, cudaStream_t) {}
 
 template <typename F>
 uint64_t addr(F* f) {
@@ -103,7 +60,7 @@ uint64_t addr(F* f) {
 
 extern "C" __attribute__((visibility("default"))) void* npualloc_cuda_shim_malloc(size_t size, int device,
                                                                                 cudaStream_t stream) {
-  if (g_open_captures.load(std::memory_order_relaxed) > 0) route_if_captured(device, stream);
+  if (g_graphs.any_open()) g_graphs.route_if_captured(device, stream, nothing_before_filter);
   void* p = npualloc_malloc(size, device, static_cast<npualloc_stream>(stream));
   if (p == nullptr && size != 0) {
     const char* err = npualloc_last_error();

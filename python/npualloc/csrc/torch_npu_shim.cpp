@@ -58,6 +58,7 @@
 #include "torch_npu/csrc/core/npu/NPUStream.h"
 #include "torch_npu/csrc/npu/NPUPluggableAllocator.h"
 
+#include "graph_pools.h"
 #include "npualloc.h"
 
 namespace {
@@ -160,68 +161,25 @@ void reset_peak_status(c10::DeviceIndex device) {
   npualloc_reset_peak_stats(static_cast<int>(device));
 }
 
-// ---- graph-private pools ---------------------------------------------------------
+// ---- graph-private pools (graph_pools.h) -------------------------------------------
 
-struct Capture {
-  int device;
-  c10::MempoolId_t pool;
-  Filter filter;
-  std::vector<aclrtStream> routed;  // streams npualloc routes to the pool
-};
+npualloc_shim::GraphPools<aclrtStream> g_graphs;
 
-std::mutex g_capture_mu;
-std::vector<Capture> g_captures;
-std::atomic<int> g_open_captures{0};
-std::vector<std::pair<int, c10::MempoolId_t>> g_pools;  // pools npualloc has (released once)
-
-void route_if_captured(int device, aclrtStream stream) {
-  std::lock_guard<std::mutex> lock(g_capture_mu);
-  for (auto& c : g_captures) {
-    if (c.device != device) continue;
-    for (auto s : c.routed)
-      if (s == stream) return;
-    // The filter asks the runtime whether the stream joined this capture; a join
-    // (a wait on an event of the capture) still in torch_npu's task queue would be
-    // missed, so the allocating stream's queue is drained first.
-    auto cur = c10_npu::getCurrentNPUStream(static_cast<c10::DeviceIndex>(device));
-    if (cur.stream(false) == stream) (void)cur.stream();
-    if (!c.filter || !c.filter(stream)) continue;
-    int rc = npualloc_begin_allocate_to_pool(device, c.pool.first, c.pool.second, stream);
-    TORCH_CHECK(rc == NPUALLOC_OK, "npualloc could not route a captured stream to the graph's pool: ",
-                npualloc_last_error());
-    c.routed.push_back(stream);
-    auto key = std::make_pair(device, c.pool);
-    if (std::find(g_pools.begin(), g_pools.end(), key) == g_pools.end()) g_pools.push_back(key);
-    return;
-  }
+// The filter asks the runtime whether the stream joined a capture; a join (a wait on an
+// event of the capture) still in torch_npu's task queue would be missed, so the
+// allocating stream's queue is drained first.
+void drain_if_current(int device, aclrtStream stream) {
+  auto cur = c10_npu::getCurrentNPUStream(static_cast<c10::DeviceIndex>(device));
+  if (cur.stream(false) == stream) (void)cur.stream();
 }
 
 void begin_allocate_to_pool(int device, c10::MempoolId_t pool, Filter filter) {
-  std::lock_guard<std::mutex> lock(g_capture_mu);
-  g_captures.push_back(Capture{device, pool, std::move(filter), {}});
-  g_open_captures.fetch_add(1);
+  g_graphs.begin(device, pool, std::move(filter));
 }
 
-void end_allocate_to_pool(int device, c10::MempoolId_t pool) {
-  std::lock_guard<std::mutex> lock(g_capture_mu);
-  for (auto it = g_captures.begin(); it != g_captures.end(); ++it) {
-    if (it->device != device || it->pool != pool) continue;
-    for (size_t i = 0; i < it->routed.size(); ++i)
-      npualloc_end_allocate_to_pool(device, pool.first, pool.second);
-    g_captures.erase(it);
-    g_open_captures.fetch_sub(1);
-    return;
-  }
-}
+void end_allocate_to_pool(int device, c10::MempoolId_t pool) { g_graphs.end(device, pool); }
 
-void release_pool(int device, c10::MempoolId_t pool) {
-  // A capture that allocated nothing created no pool in npualloc: nothing to release.
-  std::lock_guard<std::mutex> lock(g_capture_mu);
-  auto it = std::find(g_pools.begin(), g_pools.end(), std::make_pair(device, pool));
-  if (it == g_pools.end()) return;
-  g_pools.erase(it);
-  npualloc_release_pool(device, pool.first, pool.second);
-}
+void release_pool(int device, c10::MempoolId_t pool) { g_graphs.release(device, pool); }
 
 // ---- runtime hooks -----------------------------------------------------------------
 // npualloc (Rust) calls these: no C++ exception may unwind through it, so each hook
@@ -310,7 +268,7 @@ uint64_t addr(F* f) {
 extern "C" __attribute__((visibility("default"))) void* npualloc_shim_malloc(size_t size, int device,
                                                                            aclrtStream stream) {
   remember_allocation_stream(device, stream);
-  if (g_open_captures.load(std::memory_order_relaxed) > 0) route_if_captured(device, stream);
+  if (g_graphs.any_open()) g_graphs.route_if_captured(device, stream, drain_if_current);
   void* p = npualloc_malloc(size, device, stream);
   if (p == nullptr && size != 0) {
     // torch_npu would report a NULL as "Get data_ptr failed": raise torch's error with
