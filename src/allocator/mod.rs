@@ -278,7 +278,10 @@ impl CachingAllocator {
     #[inline(never)]
     fn poll_others(&self, own: u32) {
         if self.shared.merge_asked() {
-            self.merge_logs();
+            self.merge_logs(); // host bookkeeping only: also while a graph is captured
+        }
+        if self.shared.capture_underway() {
+            return; // no event queries while a graph is captured
         }
         for (si, s) in self.shards.iter() {
             if si != own && s.pending.load(Ordering::Relaxed) > 0 {
@@ -305,7 +308,6 @@ impl CachingAllocator {
         // some), and merges the statistics logs when one is full (`Shared::ask_merge`).
         if self.shared.pending_total.load(Ordering::Relaxed)
             > shard.pending.load(Ordering::Relaxed) as isize
-            && !self.shared.capture_underway()
         {
             self.poll_others(si);
         }
