@@ -15,14 +15,16 @@
 //! capacity, and misuse (mapping outside a reservation or twice, unmapping what is not
 //! mapped, releasing a range with pages mapped) counts as a violation.
 
+mod faults;
 mod memory;
 mod stream;
 
+pub use faults::InjectedFailure;
 pub use memory::SimMemory;
 pub use stream::Kernel;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -31,6 +33,7 @@ use parking_lot::{Mutex, RwLock};
 use super::{
     Device, DeviceError, DeviceIndex, DevicePtr, EventHandle, MemInfo, PhysHandle, StreamHandle,
 };
+use faults::{injected_failure, Faults};
 use stream::{ChangeLog, EventState, Op, Progress, StreamState};
 
 /// How queued work runs.
@@ -67,15 +70,6 @@ impl Default for SimConfig {
             vm_granularity: 2 << 20,
         }
     }
-}
-
-/// Which error an injected device-allocation failure reports.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum InjectedFailure {
-    /// Reported as out of memory.
-    OutOfMemory,
-    /// Reported as a runtime error with code 507899 (an internal error).
-    RuntimeError,
 }
 
 /// Counters of one simulated device.
@@ -119,49 +113,6 @@ pub struct SimCounters {
     pub capture_violations: u64,
 }
 
-#[derive(Default)]
-struct Faults {
-    /// Fail the n-th next malloc (1 = the next one); 0 = off.
-    malloc_countdown: AtomicU64,
-    malloc_kind: Mutex<Option<InjectedFailure>>,
-    /// Fail the n-th next event creation; 0 = off.
-    event_countdown: AtomicU64,
-    /// Fail the n-th next event record; 0 = off.
-    record_countdown: AtomicU64,
-    /// Fail the n-th next event query; 0 = off.
-    query_countdown: AtomicU64,
-    /// Injected failures that fired.
-    fired: AtomicU64,
-}
-
-impl Faults {
-    /// Whether the call counted down by `countdown` fails now (and counts it).
-    fn fire(&self, countdown: &AtomicU64) -> bool {
-        let due = tick(countdown);
-        if due {
-            self.fired.fetch_add(1, Ordering::Relaxed);
-        }
-        due
-    }
-}
-
-fn injected_failure(call: &'static str) -> DeviceError {
-    DeviceError::Runtime {
-        call,
-        code: 507899,
-        message: "injected failure".into(),
-    }
-}
-
-fn tick(countdown: &AtomicU64) -> bool {
-    countdown
-        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| match n {
-            0 => None,
-            n => Some(n - 1),
-        })
-        .is_ok_and(|before| before == 1)
-}
-
 struct DevState {
     index: DeviceIndex,
     memory: Arc<SimMemory>,
@@ -180,9 +131,6 @@ struct DevState {
     event_records: AtomicU64,
     stream_waits: AtomicU64,
     syncs: AtomicU64,
-    /// A graph capture is open (`set_graph_capture`).
-    capturing: AtomicBool,
-    capture_violations: AtomicU64,
 }
 
 /// Threaded mode: blocks until every stream of `d` has run all its queued work.
@@ -203,41 +151,6 @@ fn never_completes(done: bool, call: &'static str, message: &str) -> Result<(), 
         code: 507000,
         message: message.into(),
     })
-}
-
-impl DevState {
-    /// Refuses `call` while a graph capture is open, as CUDA refuses a potentially
-    /// unsafe call (a query, a synchronisation, a free) in its default capture mode
-    /// (the capture is then invalidated; ACL's global capture mode is the same idea).
-    fn refuse_if_capturing(&self, call: &'static str) -> Result<(), DeviceError> {
-        if !self.capturing.load(Ordering::Acquire) {
-            return Ok(());
-        }
-        self.capture_violations.fetch_add(1, Ordering::Relaxed);
-        Err(DeviceError::Runtime {
-            call,
-            code: 900,
-            message: "operation not permitted when stream is capturing".into(),
-        })
-    }
-
-    /// The injected failure of this device allocation (malloc or page mapping), if due.
-    fn injected(&self, call: &'static str, size: usize) -> Option<DeviceError> {
-        if !self.faults.fire(&self.faults.malloc_countdown) {
-            return None;
-        }
-        Some(match *self.faults.malloc_kind.lock() {
-            Some(InjectedFailure::RuntimeError) => DeviceError::Runtime {
-                call,
-                code: 507899,
-                message: "injected failure".into(),
-            },
-            _ => DeviceError::OutOfMemory {
-                device: self.index,
-                requested: size,
-            },
-        })
-    }
 }
 
 /// The simulated device (all of its devices).
@@ -277,8 +190,6 @@ impl SimDevice {
                 event_records: AtomicU64::new(0),
                 stream_waits: AtomicU64::new(0),
                 syncs: AtomicU64::new(0),
-                capturing: AtomicBool::new(false),
-                capture_violations: AtomicU64::new(0),
             })
             .collect();
         let sim = SimDevice {
@@ -487,44 +398,6 @@ impl SimDevice {
         }
     }
 
-    /// Makes the `nth` next device allocation on `device` fail (1 = the next one).
-    pub fn fail_nth_malloc(&self, device: DeviceIndex, nth: u64, kind: InjectedFailure) {
-        if let Ok(d) = self.dev(device) {
-            *d.faults.malloc_kind.lock() = Some(kind);
-            d.faults.malloc_countdown.store(nth, Ordering::Release);
-        }
-    }
-
-    /// Makes the `nth` next event creation on `device` fail (1 = the next one).
-    pub fn fail_nth_event_create(&self, device: DeviceIndex, nth: u64) {
-        if let Ok(d) = self.dev(device) {
-            d.faults.event_countdown.store(nth, Ordering::Release);
-        }
-    }
-
-    /// Makes the `nth` next event record on `device` fail (1 = the next one).
-    pub fn fail_nth_event_record(&self, device: DeviceIndex, nth: u64) {
-        if let Ok(d) = self.dev(device) {
-            d.faults.record_countdown.store(nth, Ordering::Release);
-        }
-    }
-
-    /// Makes the `nth` next event query on `device` fail (1 = the next one).
-    pub fn fail_nth_event_query(&self, device: DeviceIndex, nth: u64) {
-        if let Ok(d) = self.dev(device) {
-            d.faults.query_countdown.store(nth, Ordering::Release);
-        }
-    }
-
-    /// Opens (`true`) or closes a graph capture on `device`: while open, event queries,
-    /// synchronisations and device frees fail and count as `capture_violations`
-    /// (device allocations are allowed, as PyTorch makes them in relaxed mode).
-    pub fn set_graph_capture(&self, device: DeviceIndex, open: bool) {
-        if let Ok(d) = self.dev(device) {
-            d.capturing.store(open, Ordering::Release);
-        }
-    }
-
     /// Current counters of `device`.
     pub fn counters(&self, device: DeviceIndex) -> SimCounters {
         let Ok(d) = self.dev(device) else {
@@ -547,7 +420,7 @@ impl SimDevice {
             stalled_waits: d.streams.read().values().map(|s| s.stalls()).sum(),
             violations: d.memory.violations(),
             injected_faults: d.faults.fired.load(Ordering::Relaxed),
-            capture_violations: d.capture_violations.load(Ordering::Relaxed),
+            capture_violations: d.faults.capture_violations.load(Ordering::Relaxed),
         }
     }
 }
@@ -577,7 +450,7 @@ impl Device for SimDevice {
 
     fn malloc(&self, device: DeviceIndex, size: usize) -> Result<DevicePtr, DeviceError> {
         let d = self.dev(device)?;
-        if let Some(e) = d.injected("sim_malloc", size) {
+        if let Some(e) = d.faults.injected("sim_malloc", d.index, size) {
             return Err(e);
         }
         let ptr = d.memory.allocate(size)?;
@@ -587,7 +460,7 @@ impl Device for SimDevice {
 
     fn free(&self, device: DeviceIndex, ptr: DevicePtr) -> Result<(), DeviceError> {
         let d = self.dev(device)?;
-        d.refuse_if_capturing("sim_free")?;
+        d.faults.refuse_if_capturing("sim_free")?;
         if self.config.mode == SimMode::Threaded {
             // cudaFree and aclrtFree wait for the device's queued work first. (Manual mode
             // leaves it queued: replays model streams that lag behind the host.)
@@ -659,7 +532,7 @@ impl Device for SimDevice {
     fn event_query(&self, device: DeviceIndex, event: EventHandle) -> Result<bool, DeviceError> {
         let ev = self.event(device, event)?;
         let d = self.dev(device)?;
-        d.refuse_if_capturing("sim_event_query")?;
+        d.faults.refuse_if_capturing("sim_event_query")?;
         if d.faults.fire(&d.faults.query_countdown) {
             return Err(injected_failure("sim_event_query"));
         }
@@ -673,7 +546,7 @@ impl Device for SimDevice {
     ) -> Result<(), DeviceError> {
         let ev = self.event(device, event)?;
         let d = self.dev(device)?;
-        d.refuse_if_capturing("sim_event_synchronize")?;
+        d.faults.refuse_if_capturing("sim_event_synchronize")?;
         d.syncs.fetch_add(1, Ordering::Relaxed);
         match self.config.mode {
             SimMode::Threaded => d.progress.wait_until(|| ev.is_complete(), || false),
@@ -708,7 +581,7 @@ impl Device for SimDevice {
 
     fn synchronize_device(&self, device: DeviceIndex) -> Result<(), DeviceError> {
         let d = self.dev(device)?;
-        d.refuse_if_capturing("sim_synchronize_device")?;
+        d.faults.refuse_if_capturing("sim_synchronize_device")?;
         d.syncs.fetch_add(1, Ordering::Relaxed);
         let idle = match self.config.mode {
             SimMode::Threaded => {
@@ -725,7 +598,9 @@ impl Device for SimDevice {
     }
 
     fn stream_query(&self, device: DeviceIndex, stream: StreamHandle) -> Result<bool, DeviceError> {
-        self.dev(device)?.refuse_if_capturing("sim_stream_query")?;
+        self.dev(device)?
+            .faults
+            .refuse_if_capturing("sim_stream_query")?;
         Ok(self.stream(device, stream)?.is_idle())
     }
 
@@ -736,7 +611,7 @@ impl Device for SimDevice {
     ) -> Result<(), DeviceError> {
         let d = self.dev(device)?;
         let s = self.stream(device, stream)?;
-        d.refuse_if_capturing("sim_synchronize_stream")?;
+        d.faults.refuse_if_capturing("sim_synchronize_stream")?;
         d.syncs.fetch_add(1, Ordering::Relaxed);
         match self.config.mode {
             SimMode::Threaded => d.progress.wait_until(|| s.is_idle(), || false),
@@ -790,7 +665,7 @@ impl Device for SimDevice {
     ) -> Result<PhysHandle, DeviceError> {
         let g = self.vm_granularity(device)?;
         let d = self.dev(device)?;
-        if let Some(e) = d.injected("sim_vm_map", size) {
+        if let Some(e) = d.faults.injected("sim_vm_map", d.index, size) {
             return Err(e);
         }
         d.memory.map(va, size, g)?;
@@ -807,7 +682,7 @@ impl Device for SimDevice {
     ) -> Result<(), DeviceError> {
         self.vm_granularity(device)?;
         let d = self.dev(device)?;
-        d.refuse_if_capturing("sim_vm_unmap")?;
+        d.faults.refuse_if_capturing("sim_vm_unmap")?;
         if handle.0 != va {
             d.memory.note_violation();
             return Err(DeviceError::Runtime {
