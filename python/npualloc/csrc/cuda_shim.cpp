@@ -33,6 +33,7 @@ struct CUstream_st;
 using cudaStream_t = CUstream_st*;  // as cuda_runtime_api.h declares it
 
 #include "graph_pools.h"
+#include "shim_common.h"
 #include "npualloc.h"
 
 namespace {
@@ -51,27 +52,12 @@ void release_pool(int device, c10::MempoolId_t pool) { g_graphs.release(device, 
 
 void nothing_before_filter(int, cudaStream_t) {}
 
-template <typename F>
-uint64_t addr(F* f) {
-  return reinterpret_cast<uint64_t>(f);
-}
-
 }  // namespace
 
 extern "C" __attribute__((visibility("default"))) void* npualloc_cuda_shim_malloc(size_t size, int device,
                                                                                 cudaStream_t stream) {
   if (g_graphs.any_open()) g_graphs.route_if_captured(device, stream, nothing_before_filter);
-  void* p = npualloc_malloc(size, device, static_cast<npualloc_stream>(stream));
-  if (p == nullptr && size != 0) {
-    const char* err = npualloc_last_error();
-    std::string msg = err ? err : "unknown error";
-    TORCH_CHECK_WITH(OutOfMemoryError, msg.find("out of memory") == std::string::npos,
-                     "npualloc: ", msg);
-    // One string argument: formatting a size_t through c10::str crashed in a shim built
-    // with the GPU machine's g++ against torch 2.11 (seen in cuda-gdb), strings did not.
-    TORCH_CHECK(false, "npualloc could not allocate " + std::to_string(size) + " bytes: " + msg);
-  }
-  return p;
+  return npualloc_shim::malloc_or_throw(size, device, static_cast<npualloc_stream>(stream));
 }
 
 extern "C" __attribute__((visibility("default"))) void npualloc_cuda_shim_free(void* ptr, size_t size,
@@ -80,9 +66,9 @@ extern "C" __attribute__((visibility("default"))) void npualloc_cuda_shim_free(v
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("begin_allocate_to_pool_fn", [] { return addr(&begin_allocate_to_pool); });
-  m.def("end_allocate_to_pool_fn", [] { return addr(&end_allocate_to_pool); });
-  m.def("release_pool_fn", [] { return addr(&release_pool); });
+  m.def("begin_allocate_to_pool_fn", [] { return npualloc_shim::addr(&begin_allocate_to_pool); });
+  m.def("end_allocate_to_pool_fn", [] { return npualloc_shim::addr(&end_allocate_to_pool); });
+  m.def("release_pool_fn", [] { return npualloc_shim::addr(&release_pool); });
   // For tests without a GPU (simulated device): allocates `size` bytes on the default
   // stream through the shim and frees them; errors surface as the shim throws them.
   m.def("malloc_then_free", [](size_t size, int device) {

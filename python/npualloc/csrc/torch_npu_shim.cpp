@@ -59,6 +59,7 @@
 #include "torch_npu/csrc/npu/NPUPluggableAllocator.h"
 
 #include "graph_pools.h"
+#include "shim_common.h"
 #include "npualloc.h"
 
 namespace {
@@ -256,11 +257,6 @@ int event_query(void*, void* ev, int* done) {
 
 int event_synchronize(void*, void* ev) { return aclrtSynchronizeEvent(ev); }
 
-template <typename F>
-uint64_t addr(F* f) {
-  return reinterpret_cast<uint64_t>(f);
-}
-
 }  // namespace
 
 // The allocation entry points given to NPUPluggableAllocator (by name, from this
@@ -269,19 +265,7 @@ extern "C" __attribute__((visibility("default"))) void* npualloc_shim_malloc(siz
                                                                            aclrtStream stream) {
   remember_allocation_stream(device, stream);
   if (g_graphs.any_open()) g_graphs.route_if_captured(device, stream, drain_if_current);
-  void* p = npualloc_malloc(size, device, stream);
-  if (p == nullptr && size != 0) {
-    // torch_npu would report a NULL as "Get data_ptr failed": raise torch's error with
-    // npualloc's message instead (torch.OutOfMemoryError for out of memory).
-    const char* err = npualloc_last_error();
-    std::string msg = err ? err : "unknown error";
-    TORCH_CHECK_WITH(OutOfMemoryError, msg.find("out of memory") == std::string::npos,
-                     "npualloc: ", msg);
-    // One string argument: formatting a size_t through c10::str crashed in a shim built
-    // with the GPU machine's g++ against torch 2.11 (seen in cuda-gdb), strings did not.
-    TORCH_CHECK(false, "npualloc could not allocate " + std::to_string(size) + " bytes: " + msg);
-  }
-  return p;
+  return npualloc_shim::malloc_or_throw(size, device, stream);
 }
 
 extern "C" __attribute__((visibility("default"))) void npualloc_shim_free(void* ptr, size_t size, int device,
@@ -290,13 +274,13 @@ extern "C" __attribute__((visibility("default"))) void npualloc_shim_free(void* 
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("record_stream_fn", [] { return addr(&record_stream); });
-  m.def("erase_stream_fn", [] { return addr(&erase_stream); });
-  m.def("get_device_stats_fn", [] { return addr(&get_device_stats); });
-  m.def("reset_peak_status_fn", [] { return addr(&reset_peak_status); });
-  m.def("begin_allocate_to_pool_fn", [] { return addr(&begin_allocate_to_pool); });
-  m.def("end_allocate_to_pool_fn", [] { return addr(&end_allocate_to_pool); });
-  m.def("release_pool_fn", [] { return addr(&release_pool); });
+  m.def("record_stream_fn", [] { return npualloc_shim::addr(&record_stream); });
+  m.def("erase_stream_fn", [] { return npualloc_shim::addr(&erase_stream); });
+  m.def("get_device_stats_fn", [] { return npualloc_shim::addr(&get_device_stats); });
+  m.def("reset_peak_status_fn", [] { return npualloc_shim::addr(&reset_peak_status); });
+  m.def("begin_allocate_to_pool_fn", [] { return npualloc_shim::addr(&begin_allocate_to_pool); });
+  m.def("end_allocate_to_pool_fn", [] { return npualloc_shim::addr(&end_allocate_to_pool); });
+  m.def("release_pool_fn", [] { return npualloc_shim::addr(&release_pool); });
   m.def("install_runtime_hooks", [] {
     npualloc_runtime_hooks h{};
     h.event_create = &event_create;
