@@ -158,6 +158,19 @@ def _set_env(backend, conf):
         os.environ["NPUALLOC_CONF"] = conf
 
 
+def _set_common_hooks(alloc, lib, shim, reset_fn):
+    """The hooks torch_npu's and torch.cuda's pluggable allocators take alike: the
+    plain-C ones straight from the C ABI (`reset_fn` names the cache release), the
+    graph-pool ones from the shim (their filter is a C++ std::function)."""
+    alloc.set_init_fn(address(lib, "npualloc_init"))
+    alloc.set_reset_fn(address(lib, reset_fn))
+    alloc.set_memory_fraction_fn(address(lib, "npualloc_set_memory_fraction"))
+    alloc.set_base_alloc_fn(address(lib, "npualloc_base_alloc"))
+    alloc.set_begin_allocate_to_pool(shim.begin_allocate_to_pool_fn())
+    alloc.set_end_allocate_to_pool_fn(shim.end_allocate_to_pool_fn())
+    alloc.set_release_pool(shim.release_pool_fn())
+
+
 def install(backend="acl", conf=None):
     """Makes npualloc torch_npu's NPU allocator.
 
@@ -177,17 +190,12 @@ def install(backend="acl", conf=None):
     pluggable = npu_memory.NPUPluggableAllocator(shim.__file__, "npualloc_shim_malloc",
                                                  "npualloc_shim_free")
     alloc = pluggable.allocator()
-    alloc.set_init_fn(address(lib, "npualloc_init"))
-    alloc.set_reset_fn(address(lib, "npualloc_empty_cache"))
-    alloc.set_memory_fraction_fn(address(lib, "npualloc_set_memory_fraction"))
-    alloc.set_base_alloc_fn(address(lib, "npualloc_base_alloc"))
+    _set_common_hooks(alloc, lib, shim, "npualloc_empty_cache")
+    # torch_npu passes NPUStream and DeviceStats: these go through the shim.
     alloc.set_record_stream_fn(shim.record_stream_fn())
     alloc.set_erase_stream_fn(shim.erase_stream_fn())
     alloc.set_get_device_stats_fn(shim.get_device_stats_fn())
     alloc.set_reset_peak_status_fn(shim.reset_peak_status_fn())
-    alloc.set_begin_allocate_to_pool(shim.begin_allocate_to_pool_fn())
-    alloc.set_end_allocate_to_pool_fn(shim.end_allocate_to_pool_fn())
-    alloc.set_release_pool(shim.release_pool_fn())
     _check(shim.install_runtime_hooks(), lib)
     # Starts npualloc now: a bad setting or a missing runtime is one error here, rather
     # than a failed allocation later.
@@ -209,16 +217,9 @@ def install_cuda(conf=None):
     pluggable = cuda_memory.CUDAPluggableAllocator(shim.__file__, "npualloc_cuda_shim_malloc",
                                                    "npualloc_cuda_shim_free")
     alloc = pluggable.allocator()
-    alloc.set_init_fn(address(lib, "npualloc_init"))
-    alloc.set_reset_fn(address(lib, "npualloc_empty_cache_all"))
-    alloc.set_memory_fraction_fn(address(lib, "npualloc_set_memory_fraction"))
-    alloc.set_base_alloc_fn(address(lib, "npualloc_base_alloc"))
-    # torch.cuda's other hooks take plain C types: they go straight to the C ABI.
+    _set_common_hooks(alloc, lib, shim, "npualloc_empty_cache_all")
+    # torch.cuda's record-stream hook takes a plain cudaStream_t: straight to the C ABI.
     alloc.set_record_stream_fn(address(lib, "npualloc_record_stream"))
-    # Graph-private pools (torch.cuda.graph): the filter is a C++ std::function.
-    alloc.set_begin_allocate_to_pool(shim.begin_allocate_to_pool_fn())
-    alloc.set_end_allocate_to_pool_fn(shim.end_allocate_to_pool_fn())
-    alloc.set_release_pool(shim.release_pool_fn())
     _swap(cuda_memory.change_current_allocator, pluggable)
     return pluggable
 
