@@ -104,17 +104,7 @@ impl ShardState {
         }
         let b = &self.blocks[id];
         let (st, already_split, size) = (b.kind.stat_type(), b.is_split(), b.size);
-        let mut front = b.sibling(b.ptr, head);
-        front.prev = b.prev;
-        front.next = Some(id);
-        let front_id = self.blocks.insert(front);
-        if let Some(p) = self.blocks[front_id].prev {
-            self.blocks[p].next = Some(front_id);
-        }
-        let rest = &mut self.blocks[id];
-        rest.prev = Some(front_id);
-        rest.ptr += head;
-        rest.size -= head;
+        let front_id = self.carve_front(id, head);
         self.pool_insert(front_id);
         if already_split {
             self.acct.increase(Kind::InactiveSplit, st, 1);

@@ -144,8 +144,20 @@ impl ShardState {
         st: StatType,
         already_split: bool,
     ) -> BlockId {
+        let front_id = self.carve_front(id, rounded);
+        let rest_size = self.blocks[id].size;
+        self.pool_insert(id);
+        self.count_front_split(st, already_split, rounded, rest_size);
+        front_id
+    }
+
+    /// Cuts the first `n` bytes of block `id` off as a new block linked just before it
+    /// (same segment, stream, pool and state); `id` keeps the rest. Links only: no free
+    /// list and no statistic changes (the callers do theirs).
+    #[inline(always)]
+    pub(super) fn carve_front(&mut self, id: BlockId, n: usize) -> BlockId {
         let b = &self.blocks[id];
-        let mut front = b.sibling(b.ptr, rounded);
+        let mut front = b.sibling(b.ptr, n);
         front.prev = b.prev;
         front.next = Some(id);
         let front_id = self.blocks.insert(front);
@@ -154,11 +166,8 @@ impl ShardState {
         }
         let rest = &mut self.blocks[id];
         rest.prev = Some(front_id);
-        rest.ptr += rounded;
-        rest.size -= rounded;
-        let rest_size = rest.size;
-        self.pool_insert(id);
-        self.count_front_split(st, already_split, rounded, rest_size);
+        rest.ptr += n;
+        rest.size -= n;
         front_id
     }
 
