@@ -23,7 +23,8 @@ use std::ffi::{c_char, c_int, c_void, CStr};
 use libloading::Library;
 
 use super::{
-    Device, DeviceError, DeviceIndex, DevicePtr, EventHandle, MemInfo, PhysHandle, StreamHandle,
+    with_capture_mode_relaxed, Device, DeviceError, DeviceIndex, DevicePtr, EventHandle,
+    ExchangeCaptureMode, MemInfo, PhysHandle, StreamHandle,
 };
 use crate::loader::{self, Candidate};
 
@@ -136,7 +137,7 @@ struct Fns {
     synchronize_device: unsafe extern "C" fn() -> AclError,
     synchronize_stream: Option<PtrFn>,
     stream_query: Option<QueryFn>,
-    capture_exchange_mode: Option<unsafe extern "C" fn(*mut c_int) -> AclError>,
+    capture_exchange_mode: Option<ExchangeCaptureMode>,
     vm: Option<VmFns>,
 }
 
@@ -417,26 +418,10 @@ impl AclDevice {
         }
     }
 
-    /// Runs `f` with this thread's graph-capture mode relaxed
-    /// (`aclmdlRICaptureThreadExchangeMode`), as PyTorch relaxes CUDA's around an
-    /// allocation made during a capture: in the default (global) mode an allocation or
-    /// mapping is an unsafe call that fails and breaks the capture (seen with CUDA on an
-    /// H200; ACL's modes are the same three). Memory taken during a capture is only
-    /// handed out by the allocator, never freed while the graph lives.
+    /// Runs `f` with this thread's capture mode relaxed
+    /// (`aclmdlRICaptureThreadExchangeMode`; see [`with_capture_mode_relaxed`]).
     fn relaxed_capture<T>(&self, f: impl FnOnce() -> T) -> T {
-        const ACL_MODEL_RI_CAPTURE_MODE_RELAXED: c_int = 2;
-        let Some(exchange) = self.f.capture_exchange_mode else {
-            return f();
-        };
-        let mut mode = ACL_MODEL_RI_CAPTURE_MODE_RELAXED;
-        // SAFETY: valid in/out pointer; swaps this thread's mode, restored below.
-        let swapped = unsafe { exchange(&mut mode) } == ACL_SUCCESS;
-        let out = f();
-        if swapped {
-            // SAFETY: puts back the mode the thread had.
-            unsafe { exchange(&mut mode) };
-        }
-        out
+        with_capture_mode_relaxed(self.f.capture_exchange_mode, f)
     }
 
     /// Runs `f` with `device` current on this thread, restoring the caller's device.

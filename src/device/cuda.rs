@@ -16,7 +16,8 @@ use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use libloading::Library;
 
 use super::{
-    Device, DeviceError, DeviceIndex, DevicePtr, EventHandle, MemInfo, PhysHandle, StreamHandle,
+    with_capture_mode_relaxed, Device, DeviceError, DeviceIndex, DevicePtr, EventHandle,
+    ExchangeCaptureMode, MemInfo, PhysHandle, StreamHandle,
 };
 use crate::loader;
 
@@ -109,7 +110,7 @@ struct Fns {
     get_error_string: Option<unsafe extern "C" fn(CudaError) -> *const c_char>,
     stream_synchronize: Option<unsafe extern "C" fn(Ptr) -> CudaError>,
     stream_query: Option<unsafe extern "C" fn(Ptr) -> CudaError>,
-    thread_exchange_stream_capture_mode: Option<unsafe extern "C" fn(*mut c_int) -> CudaError>,
+    thread_exchange_stream_capture_mode: Option<ExchangeCaptureMode>,
 }
 
 /// The CUDA backend.
@@ -248,26 +249,10 @@ impl CudaDevice {
         })
     }
 
-    /// Runs `f` with this thread's stream-capture mode relaxed, as PyTorch does around
-    /// `cudaMalloc` (`cudaMallocMaybeCapturing`): while a graph is captured in the
-    /// default (global) mode, an allocation or mapping is otherwise an unsafe call that
-    /// fails and invalidates the capture ("API call conflicts with a stream capture
-    /// sequence", seen on an H200). Memory taken during a capture is only handed out
-    /// by the allocator, never freed before the graph is, so relaxing is safe here.
+    /// Runs `f` with this thread's capture mode relaxed
+    /// (`cudaThreadExchangeStreamCaptureMode`; see [`with_capture_mode_relaxed`]).
     fn relaxed_capture<T>(&self, f: impl FnOnce() -> T) -> T {
-        const CUDA_STREAM_CAPTURE_MODE_RELAXED: c_int = 2;
-        let Some(exchange) = self.f.thread_exchange_stream_capture_mode else {
-            return f();
-        };
-        let mut mode = CUDA_STREAM_CAPTURE_MODE_RELAXED;
-        // SAFETY: valid in/out pointer; swaps this thread's mode, restored below.
-        let swapped = unsafe { exchange(&mut mode) } == CUDA_SUCCESS;
-        let out = f();
-        if swapped {
-            // SAFETY: puts back the mode the thread had.
-            unsafe { exchange(&mut mode) };
-        }
-        out
+        with_capture_mode_relaxed(self.f.thread_exchange_stream_capture_mode, f)
     }
 
     fn on_device<T>(

@@ -222,3 +222,33 @@ fn no_vm(backend: &str) -> DeviceError {
         "the {backend} backend has no virtual-memory support"
     ))
 }
+
+/// A runtime's "exchange this thread's stream-capture mode" function
+/// (`cudaThreadExchangeStreamCaptureMode`, `aclmdlRICaptureThreadExchangeMode`): takes the
+/// new mode, hands back the old one, returns 0 on success.
+pub(crate) type ExchangeCaptureMode = unsafe extern "C" fn(*mut std::ffi::c_int) -> std::ffi::c_int;
+
+/// Runs `f` with this thread's graph-capture mode relaxed (mode 2 in CUDA and ACL alike),
+/// then puts the old mode back; without the function, just runs `f`. PyTorch does this
+/// around an allocation made during a capture (`cudaMallocMaybeCapturing`): in the default
+/// (global) mode an allocation or mapping is an unsafe call that fails and breaks the
+/// capture (seen with CUDA on an H200). Memory taken during a capture is only handed out
+/// by the allocator, never freed while the graph lives, so relaxing is safe there.
+pub(crate) fn with_capture_mode_relaxed<T>(
+    exchange: Option<ExchangeCaptureMode>,
+    f: impl FnOnce() -> T,
+) -> T {
+    const RELAXED: std::ffi::c_int = 2;
+    let Some(exchange) = exchange else {
+        return f();
+    };
+    let mut mode = RELAXED;
+    // SAFETY: valid in/out pointer; swaps this thread's mode, restored below.
+    let swapped = unsafe { exchange(&mut mode) } == 0;
+    let out = f();
+    if swapped {
+        // SAFETY: puts back the mode the thread had.
+        unsafe { exchange(&mut mode) };
+    }
+    out
+}
