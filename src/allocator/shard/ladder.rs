@@ -24,8 +24,9 @@
 //!    host wait and ran this ladder again, then released the other shards' caches
 //!    without this shard's lock): wait for every pending free (on npualloc's path each
 //!    stream holding one is synchronised once, `events.rs`), release every cached
-//!    segment, grow; else (npualloc's path) borrow another stream's free block, which
-//!    the synchronised frees may have merged; else out of memory.
+//!    segment; (npualloc's path) take a free block of this stream, which the
+//!    synchronised frees may have merged; grow; else (npualloc's path) borrow another
+//!    stream's free block, likewise; else out of memory.
 //!
 //! Contract: `malloc` either hands out a block (its pointer mapped in `ptrs`), returns
 //! `Ok(None)` when only rung 6 could help, or fails with out of memory after counting it.
@@ -218,7 +219,8 @@ impl ShardState {
     }
 
     /// Rung 6, the last resort: wait for all pending frees, release every cached
-    /// segment, grow; else out of memory.
+    /// segment, take a fitting free block (npualloc's path), grow, borrow (npualloc's
+    /// path); else out of memory.
     fn release_all_and_grow(
         &mut self,
         req: &Request,
@@ -231,6 +233,14 @@ impl ShardState {
         let released = self.release_cached_blocks();
         self.acct.stats.num_alloc_retries += 1;
         let expandable = self.shared.config.expandable_segments;
+        // The frees just synchronised may have merged into a free block of this stream
+        // that fits: it serves before a new segment (PyTorch's path does not look
+        // again, it only grows).
+        if self.shared.config.wait_before_growth {
+            if let Some(id) = self.get_free_block(req.kind, req.rounded) {
+                return Ok(Grant::Own(id));
+            }
+        }
         if released.is_ok() {
             let grown = if expandable {
                 self.vm_grow(req.stream, req.kind, req.rounded)?
