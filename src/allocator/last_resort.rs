@@ -8,8 +8,9 @@
 //!    without expandable segments; skipped when nothing was released);
 //! 2. **host-synchronise only the streams that hold pending frees** (each once, at the
 //!    event of its last pending free: `synchronize_and_free_events`), release every
-//!    cached segment of every stream, grow; else borrow a free block of another stream
-//!    (frees just synchronised may have merged into one that fits); else out of memory.
+//!    cached segment of every stream; take a free block of this stream, grow, else
+//!    borrow a free block of another stream (frees just synchronised may have merged
+//!    into one that fits); else out of memory.
 //!    PyTorch's policy takes this rung alone, synchronises every pending event, as
 //!    PyTorch does, and borrows nothing.
 //!

@@ -161,6 +161,59 @@ pub struct OomEvent {
     /// The allocator's error: torch_npu's out-of-memory text with capacity, free,
     /// allocated and reserved bytes.
     pub message: String,
+    /// Every segment just after the failure (after the last rung released what it
+    /// could): what held the device then.
+    pub segments: Vec<OomSegment>,
+}
+
+/// One segment at the first OOM, summed up (`npualloc replay --oom-segments`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OomSegment {
+    /// Device bytes.
+    pub size: usize,
+    /// The stream it serves (device handle).
+    pub stream: usize,
+    /// Small or large pool.
+    pub small: bool,
+    /// Bytes handed out (lent blocks included).
+    pub allocated: usize,
+    /// Bytes freed by their caller but waiting for other streams.
+    pub pending: usize,
+    /// Bytes cached and reusable.
+    pub free: usize,
+    /// The largest cached block.
+    pub largest_free: usize,
+    /// Blocks in the segment.
+    pub blocks: usize,
+}
+
+impl OomSegment {
+    fn of(s: &SegmentInfo) -> Self {
+        use crate::snapshot::BlockState;
+        let sum = |st: BlockState| -> usize {
+            s.blocks
+                .iter()
+                .filter(|b| b.state == st)
+                .map(|b| b.size)
+                .sum()
+        };
+        OomSegment {
+            size: s.total_size,
+            stream: s.stream.0,
+            small: s.kind == crate::pool::PoolKind::Small,
+            allocated: sum(BlockState::ActiveAllocated),
+            pending: sum(BlockState::ActivePendingFree),
+            free: sum(BlockState::Inactive),
+            largest_free: s
+                .blocks
+                .iter()
+                .filter(|b| b.state == BlockState::Inactive)
+                .map(|b| b.size)
+                .max()
+                .unwrap_or(0),
+            blocks: s.blocks.len(),
+        }
+    }
 }
 
 /// One allocator action, as PyTorch's snapshot `device_traces` record them.
@@ -365,6 +418,7 @@ pub fn replay(
                             stream,
                             live_requested: requested,
                             message: e.to_string(),
+                            segments: alloc.segments().iter().map(OomSegment::of).collect(),
                         });
                     }
                     Err(Error::ZeroSize) => {}

@@ -33,6 +33,24 @@ fn a_replay_that_runs_out_of_memory_says_so_and_fails() {
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v[0]["peak_requested"], 209_006_592u64);
     assert_eq!(v[0]["ooms"], 41);
+    // --oom-segments: what held the device just after the first OOM. On 212 MiB the
+    // 196 MiB logits fail because a 20 MiB segment holds a live 3 MiB block (issue #16).
+    let (code, _, err) = cli(&[
+        "replay",
+        &gpt2(),
+        "--capacity",
+        "212M",
+        "--quiet",
+        "--oom-segments",
+    ]);
+    assert_eq!(code, 3);
+    assert!(
+        err.contains("segments then (size, stream, pool, allocated"),
+        "{err}"
+    );
+    assert!(err.contains("20.00 MiB s0 large   3.00 MiB"), "{err}");
+    let (_, _, err) = cli(&["replay", &gpt2(), "--capacity", "212M", "--quiet"]);
+    assert!(!err.contains("segments then"), "{err}");
     // Enough memory: no OOM text, exit 0.
     let (code, _, err) = cli(&["replay", &gpt2(), "--quiet"]);
     assert_eq!(code, 0);

@@ -73,7 +73,7 @@ fn cli_tune_prints_the_table_and_the_best_setting() {
     );
     let best = out.lines().find(|l| l.starts_with("best: ")).unwrap();
     assert!(!best.contains("the defaults"), "{out}");
-    assert!(out.contains("min capacity 60.00 MiB -> "), "{out}");
+    assert!(out.contains("min capacity 50.00 MiB -> "), "{out}");
     let (code, out, _) = cli(&["tune", p, "--json"]);
     assert_eq!(code, 0);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
@@ -88,9 +88,11 @@ fn cli_tune_prints_the_table_and_the_best_setting() {
 
 #[test]
 fn a_trace_the_defaults_do_not_fit_gets_a_setting_that_fits() {
-    // Two 3 MB tensors: the defaults put them in a 20 MiB segment, which a 10 MiB device
-    // cannot hold; expandable segments with small pages fit.
-    let t = npualloc::trace::parse("a 0 3000000 0\na 1 3000000 0\n", "two.trace").unwrap();
+    // Three 3 MB tensors: a 10 MiB device cannot hold the defaults' 20 MiB segment, nor
+    // three 4 MiB ones (each request rounded to 2 MiB); expandable segments with small
+    // pages fit.
+    let three = "a 0 3000000 0\na 1 3000000 0\na 2 3000000 0\n";
+    let t = npualloc::trace::parse(three, "three.trace").unwrap();
     let r = tune::tune(std::slice::from_ref(&t), 10 << 20, |_| {}).unwrap();
     assert_eq!(r.tried[0].scores[0].capacity, None);
     assert!(r.tried[0].total().is_none());
@@ -98,8 +100,8 @@ fn a_trace_the_defaults_do_not_fit_gets_a_setting_that_fits() {
     assert!(!r.best.is_empty());
     assert!(best.scores[0].capacity.unwrap() <= 10 << 20, "{best:?}");
     let dir = crate::replay::tempdir("tune-nofit");
-    let path = dir.join("two.trace");
-    std::fs::write(&path, "a 0 3000000 0\na 1 3000000 0\n").unwrap();
+    let path = dir.join("three.trace");
+    std::fs::write(&path, three).unwrap();
     let (code, out, err) = cli(&["tune", path.to_str().unwrap(), "--capacity", "10M", "-q"]);
     assert_eq!(code, 0, "{err}");
     assert!(

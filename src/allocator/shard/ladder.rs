@@ -24,8 +24,9 @@
 //!    host wait and ran this ladder again, then released the other shards' caches
 //!    without this shard's lock): wait for every pending free (on npualloc's path each
 //!    stream holding one is synchronised once, `events.rs`), release every cached
-//!    segment, grow; else (npualloc's path) borrow another stream's free block, which
-//!    the synchronised frees may have merged; else out of memory.
+//!    segment; (npualloc's path) take a free block of this stream, which the
+//!    synchronised frees may have merged; grow; else (npualloc's path) borrow another
+//!    stream's free block, likewise; else out of memory.
 //!
 //! Contract: `malloc` either hands out a block (its pointer mapped in `ptrs`), returns
 //! `Ok(None)` when only rung 6 could help, or fails with out of memory after counting it.
@@ -218,7 +219,8 @@ impl ShardState {
     }
 
     /// Rung 6, the last resort: wait for all pending frees, release every cached
-    /// segment, grow; else out of memory.
+    /// segment, take a fitting free block (npualloc's path), grow, borrow (npualloc's
+    /// path); else out of memory.
     fn release_all_and_grow(
         &mut self,
         req: &Request,
@@ -231,6 +233,14 @@ impl ShardState {
         let released = self.release_cached_blocks();
         self.acct.stats.num_alloc_retries += 1;
         let expandable = self.shared.config.expandable_segments;
+        // The frees just synchronised may have merged into a free block of this stream
+        // that fits: it serves before a new segment (PyTorch's path does not look
+        // again, it only grows).
+        if self.shared.config.wait_before_growth {
+            if let Some(id) = self.get_free_block(req.kind, req.rounded) {
+                return Ok(Grant::Own(id));
+            }
+        }
         if released.is_ok() {
             let grown = if expandable {
                 self.vm_grow(req.stream, req.kind, req.rounded)?
@@ -357,10 +367,29 @@ impl ShardState {
         if let Some(id) = self.alloc_block(seg_size, req.stream, req.kind)? {
             return Ok(Some(id));
         }
-        match allocation_size(req.rounded) {
-            Some(pytorch) if pytorch < seg_size => self.alloc_block(pytorch, req.stream, req.kind),
+        let pytorch = match allocation_size(req.rounded) {
+            Some(pytorch) if pytorch < seg_size => pytorch,
+            _ => seg_size,
+        };
+        if pytorch < seg_size {
+            if let Some(id) = self.alloc_block(pytorch, req.stream, req.kind)? {
+                return Ok(Some(id));
+            }
+        }
+        match self.exact_segment_size(req) {
+            Some(exact) if exact < pytorch => self.alloc_block(exact, req.stream, req.kind),
             _ => Ok(None),
         }
+    }
+
+    /// The smallest large-pool segment that serves `req` (its size rounded up to 2 MiB),
+    /// with `adaptive_segments` only: PyTorch's 20 MiB for a 1 to 10 MiB request may
+    /// not fit where this does.
+    fn exact_segment_size(&self, req: &Request) -> Option<usize> {
+        if !self.shared.config.adaptive_segments || req.kind != PoolKind::Large {
+            return None;
+        }
+        req.rounded.checked_next_multiple_of(ROUND_LARGE)
     }
 
     /// Allocates a whole segment; `Ok(None)` when the device (or the fraction) is full.
@@ -455,6 +484,22 @@ mod tests {
         assert!(st.malloc(12 << 20, false, &NoPeers).unwrap().is_some());
         assert_eq!((sim.counters(0).mallocs, st.acct.reserved), (1, 12 << 20));
         check(&st);
+    }
+
+    #[test]
+    fn a_short_device_takes_the_exact_segment_when_pytorchs_20_mib_does_not_fit() {
+        // 9 MiB asks for a 20 MiB segment (adaptive and PyTorch's alike); a 16 MiB device
+        // cannot give it, a 10 MiB one (the request rounded to 2 MiB) fits. PyTorch's
+        // policy keeps PyTorch's sizes: it needs the last rung, and fails there.
+        let (sim, shared) = device(16 << 20, "");
+        let mut st = super::super::ShardState::new(crate::device::StreamHandle::DEFAULT, shared);
+        assert!(st.malloc(9 << 20, false, &NoPeers).unwrap().is_some());
+        assert_eq!((sim.counters(0).mallocs, st.acct.reserved), (1, 10 << 20));
+        check(&st);
+        let (sim, shared) = device(16 << 20, crate::config::PYTORCH_POLICY);
+        let mut st = super::super::ShardState::new(crate::device::StreamHandle::DEFAULT, shared);
+        assert_eq!(st.malloc(9 << 20, false, &NoPeers).unwrap(), None);
+        assert_eq!(sim.counters(0).mallocs, 0);
     }
 
     #[test]

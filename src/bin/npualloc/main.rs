@@ -76,6 +76,10 @@ struct ReplayArgs {
     /// stream (needs a snapshot or trace with frames to name call sites).
     #[arg(long)]
     blame: bool,
+    /// With an OOM: list every segment just after the first one failed (after the last
+    /// rung released what it could): stream, pool, bytes allocated, pending, free.
+    #[arg(long)]
+    oom_segments: bool,
 }
 
 #[derive(Subcommand)]
@@ -464,7 +468,7 @@ fn html_escape(s: &str) -> String {
 }
 
 /// Says what the first OOM of a run was, and how many followed.
-fn report_ooms(r: &ReplayReport, label: &str, capacity: usize) {
+fn report_ooms(r: &ReplayReport, label: &str, capacity: usize, segments: bool) {
     let Some(o) = &r.first_oom else { return };
     eprintln!(
         "{} [{label}]: {} allocation(s) did not fit in a {} device. The first, event {} \
@@ -484,6 +488,22 @@ fn report_ooms(r: &ReplayReport, label: &str, capacity: usize) {
             "  ({} more allocation(s) failed after it; the figures above are for a replay that skipped them)",
             r.ooms - 1
         );
+    }
+    if segments {
+        eprintln!("  segments then (size, stream, pool, allocated, pending free, free, largest free, blocks):");
+        for s in &o.segments {
+            eprintln!(
+                "    {:>10} s{} {} {:>10} {:>10} {:>10} {:>10} {}",
+                format_size(s.size),
+                s.stream,
+                if s.small { "small" } else { "large" },
+                format_size(s.allocated),
+                format_size(s.pending),
+                format_size(s.free),
+                format_size(s.largest_free),
+                s.blocks
+            );
+        }
     }
 }
 
@@ -514,7 +534,7 @@ fn replay_cmd(args: ReplayArgs) -> Result<bool, String> {
                 detail,
             };
             let r = run_one(&t.trace, &opts, args.quiet)?;
-            report_ooms(&r, &setting.label, capacity);
+            report_ooms(&r, &setting.label, capacity, args.oom_segments);
             fits &= r.ooms == 0;
             if let Some(p) = &args.svg {
                 let out = named(p, &r, &setting.label, many);
