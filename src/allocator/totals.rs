@@ -140,8 +140,9 @@ const HEADER: u64 = 1 << 63;
 const AMOUNT_BITS: u32 = 53;
 const AMOUNT_MASK: u64 = (1 << AMOUNT_BITS) - 1;
 
+/// The change word of `delta` to `kind` in `pool` (see [`StatLog::record`]).
 #[inline(always)]
-fn pack(kind: Kind, pool: StatType, delta: i64) -> u64 {
+pub(crate) fn pack(kind: Kind, pool: StatType, delta: i64) -> u64 {
     let k = kind as usize;
     let (own, agg) = match k < 9 {
         true => (slot(k, pool as usize), slot(k, 0)),
@@ -205,20 +206,20 @@ impl StatLog {
         self.op = 0;
     }
 
-    /// Appends changes (statistic, signed amount) to `pool`, in order. Inlined, so
-    /// each word's statistic bits fold to a constant; the stamp is out of line.
-    #[inline(always)]
-    pub fn record<const N: usize>(&mut self, pool: StatType, changes: [(Kind, i64); N]) {
+    /// Appends changes (words made by [`pack`] at the call site, where each word's
+    /// statistic bits fold to a constant), in order. Out of line: the fast paths keep
+    /// one test of [`on`](Self::on) per group of changes and no call or saved register
+    /// for it.
+    #[cold]
+    #[inline(never)]
+    pub fn record<const N: usize>(&mut self, words: [u64; N]) {
         // A new operation, or this thread stamped a change on another shard since this
         // operation's header (lending, reclaiming: visits inside the operation): a new,
         // later stamp, so the changes on both shards replay in program order.
         if self.op == 0 || self.op != clock::last() {
             self.header();
         }
-        self.words.reserve(N);
-        for (kind, delta) in changes {
-            self.words.push(pack(kind, pool, delta));
-        }
+        self.words.extend_from_slice(&words);
         if self.words.len() >= MERGE_AT && !self.asked {
             self.ask_merge();
         }
@@ -574,6 +575,11 @@ mod clock {
 mod tests {
     use super::*;
 
+    /// Logs `changes` to `pool` as the statistics updates do.
+    fn rec<const N: usize>(l: &mut StatLog, pool: StatType, changes: [(Kind, i64); N]) {
+        l.record(changes.map(|(k, d)| pack(k, pool, d)));
+    }
+
     fn log() -> StatLog {
         StatLog {
             on: true,
@@ -611,7 +617,7 @@ mod tests {
         for (on_a, d) in steps {
             let l = if on_a { &mut a } else { &mut b };
             l.begin_op();
-            l.record(StatType::SmallPool, [(Kind::AllocatedBytes, d)]);
+            rec(l, StatType::SmallPool, [(Kind::AllocatedBytes, d)]);
         }
         let mut t = Totals::default();
         t.enable(None);
@@ -640,7 +646,8 @@ mod tests {
         t.enable(Some(&shard(Kind::Active, StatType::LargePool, 5, 10)));
         let mut a = log();
         a.begin_op();
-        a.record(
+        rec(
+            &mut a,
             StatType::LargePool,
             [(Kind::Active, 15), (Kind::Active, -12)],
         );
@@ -665,10 +672,10 @@ mod tests {
         let mut t = Totals::default();
         t.enable(Some(&shard(Kind::ReservedBytes, StatType::LargePool, 5, 5)));
         a.begin_op();
-        a.record(StatType::SmallPool, [(Kind::Active, 1)]);
+        rec(&mut a, StatType::SmallPool, [(Kind::Active, 1)]);
         b.begin_op();
-        b.record(StatType::LargePool, [(Kind::ReservedBytes, -5)]);
-        a.record(StatType::LargePool, [(Kind::ReservedBytes, 5)]);
+        rec(&mut b, StatType::LargePool, [(Kind::ReservedBytes, -5)]);
+        rec(&mut a, StatType::LargePool, [(Kind::ReservedBytes, 5)]);
         let mut sa = shard(Kind::ReservedBytes, StatType::LargePool, 5, 5);
         let one = Stat {
             current: 1,
@@ -692,10 +699,10 @@ mod tests {
         let mut l = log();
         l.begin_op();
         for _ in 0..MERGE_AT - 2 {
-            l.record(StatType::SmallPool, [(Kind::Active, 1)]);
+            rec(&mut l, StatType::SmallPool, [(Kind::Active, 1)]);
         }
         assert!(!l.asked);
-        l.record(StatType::SmallPool, [(Kind::Active, 1)]);
+        rec(&mut l, StatType::SmallPool, [(Kind::Active, 1)]);
         assert!(l.asked);
     }
 

@@ -45,7 +45,7 @@ use std::sync::Arc;
 use slab::Slab;
 
 use super::shared::Shared;
-use super::totals::{Kind, StatLog};
+use super::totals::{pack, Kind, StatLog};
 use crate::device::{Device, DeviceIndex, DevicePtr, StreamHandle};
 use crate::error::Error;
 use crate::pool::{Block, BlockId, PoolTag, PtrTable, StreamMap, VmSegment};
@@ -152,7 +152,7 @@ impl Accounting {
             }
         }
         if self.log.on {
-            self.log.record(pool, changes.map(|(k, a)| (k, a as i64)));
+            self.log.record(words(pool, changes, 1));
         }
     }
 
@@ -166,8 +166,7 @@ impl Accounting {
             }
         }
         if self.log.on {
-            self.log
-                .record(pool, changes.map(|(k, a)| (k, -(a as i64))));
+            self.log.record(words(pool, changes, -1));
         }
     }
 
@@ -180,6 +179,18 @@ impl Accounting {
             std::cmp::Ordering::Equal => {}
         }
     }
+}
+
+/// The log words of `changes` to `pool`, each amount times `sign` (a plain loop, fully
+/// unrolled: `array::map` is a call, which would make the changes live on the stack
+/// before the test of the log).
+#[inline(always)]
+fn words<const N: usize>(pool: StatType, changes: &[(Kind, usize); N], sign: i64) -> [u64; N] {
+    let mut w = [0; N];
+    for i in 0..N {
+        w[i] = pack(changes[i].0, pool, sign * changes[i].1 as i64);
+    }
+    w
 }
 
 /// Frees waiting before their blocks can be reused.
