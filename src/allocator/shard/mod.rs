@@ -113,7 +113,11 @@ pub(super) struct ShardState {
 /// What the shard holds, counted as PyTorch's statistics.
 #[derive(Default)]
 pub(super) struct Accounting {
-    /// PyTorch's statistics of this shard.
+    /// PyTorch's statistics of this shard, but for `freed`: a decrease only lowers
+    /// `current` (one store fewer per decrease on the fast paths), and `freed` holds
+    /// the statistic's `current` at the last reset of the accumulated counts, from
+    /// which [`snapshot`](Self::snapshot) derives the true `freed` (`allocated` −
+    /// `current` + that). Read it through `snapshot`, or for `current` and `peak`.
     pub stats: DeviceStats,
     /// Device bytes this shard holds.
     pub reserved: usize,
@@ -160,14 +164,31 @@ impl Accounting {
     #[inline(always)]
     pub fn decrease_all<const N: usize>(&mut self, pool: StatType, changes: &[(Kind, usize); N]) {
         for &(kind, amount) in changes {
+            let a = amount as i64;
             match kind.array_mut(&mut self.stats) {
-                Some(arr) => stats::decrease(arr, pool, amount),
-                None => kind.stat_mut(&mut self.stats, pool).decrease(amount),
+                Some(arr) => {
+                    arr[StatType::Aggregate].current -= a;
+                    arr[pool].current -= a;
+                }
+                None => kind.stat_mut(&mut self.stats, pool).current -= a,
             }
         }
         if self.log.on {
             self.log.record(words(pool, changes, -1));
         }
+    }
+
+    /// The shard's statistics with every `freed` derived (see [`stats`](Self::stats)).
+    pub fn snapshot(&self) -> DeviceStats {
+        let mut s = self.stats;
+        s.for_each_stat(|st| st.freed += st.allocated - st.current);
+        s
+    }
+
+    /// Zeroes the accumulated counts (`allocated`, `freed`, the event counters).
+    pub fn reset_accumulated(&mut self) {
+        self.stats.reset_accumulated();
+        self.stats.for_each_stat(|st| st.freed = st.current);
     }
 
     /// Adds a signed `net` change (nothing when zero).
