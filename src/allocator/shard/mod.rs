@@ -49,7 +49,7 @@ use super::totals::{pack, Kind, StatLog};
 use crate::device::{Device, DeviceIndex, DevicePtr, StreamHandle};
 use crate::error::Error;
 use crate::pool::{Block, BlockId, PoolTag, PtrTable, StreamMap, VmSegment};
-use crate::stats::{self, DeviceStats, StatType};
+use crate::stats::{DeviceStats, StatType};
 use crate::stream::{DirtyMarks, EventPool, Fences, PendingFrees};
 
 /// Access to the other streams' shards from inside one shard's slow path.
@@ -149,11 +149,12 @@ impl Accounting {
     /// statistics did, plus one test).
     #[inline(always)]
     pub fn increase_all<const N: usize>(&mut self, pool: StatType, changes: &[(Kind, usize); N]) {
-        for &(kind, amount) in changes {
-            match kind.array_mut(&mut self.stats) {
-                Some(arr) => stats::increase(arr, pool, amount),
-                None => kind.stat_mut(&mut self.stats, pool).increase(amount),
-            }
+        // One branch on the pool, then every statistic at a constant offset (a pool
+        // index known only at run time is recomputed for each statistic).
+        match pool {
+            StatType::SmallPool => self.add_all::<1, N>(changes),
+            StatType::LargePool => self.add_all::<2, N>(changes),
+            StatType::Aggregate => self.add_all::<0, N>(changes),
         }
         if self.log.on {
             self.log.record(words(pool, changes, 1));
@@ -163,18 +164,44 @@ impl Accounting {
     /// Several decreases in `pool`, in order, with one test of the log.
     #[inline(always)]
     pub fn decrease_all<const N: usize>(&mut self, pool: StatType, changes: &[(Kind, usize); N]) {
+        match pool {
+            StatType::SmallPool => self.sub_all::<1, N>(changes),
+            StatType::LargePool => self.sub_all::<2, N>(changes),
+            StatType::Aggregate => self.sub_all::<0, N>(changes),
+        }
+        if self.log.on {
+            self.log.record(words(pool, changes, -1));
+        }
+    }
+
+    /// `increase_all`'s updates, pool `P`.
+    #[inline(always)]
+    fn add_all<const P: usize, const N: usize>(&mut self, changes: &[(Kind, usize); N]) {
+        for &(kind, amount) in changes {
+            match kind.array_mut(&mut self.stats) {
+                Some(arr) => {
+                    arr[StatType::Aggregate as usize].increase(amount);
+                    arr[P].increase(amount);
+                }
+                None => kind
+                    .stat_mut(&mut self.stats, StatType::Aggregate)
+                    .increase(amount),
+            }
+        }
+    }
+
+    /// `decrease_all`'s updates, pool `P`: `current` only (see [`stats`](Self::stats)).
+    #[inline(always)]
+    fn sub_all<const P: usize, const N: usize>(&mut self, changes: &[(Kind, usize); N]) {
         for &(kind, amount) in changes {
             let a = amount as i64;
             match kind.array_mut(&mut self.stats) {
                 Some(arr) => {
-                    arr[StatType::Aggregate].current -= a;
-                    arr[pool].current -= a;
+                    arr[StatType::Aggregate as usize].current -= a;
+                    arr[P].current -= a;
                 }
-                None => kind.stat_mut(&mut self.stats, pool).current -= a,
+                None => kind.stat_mut(&mut self.stats, StatType::Aggregate).current -= a,
             }
-        }
-        if self.log.on {
-            self.log.record(words(pool, changes, -1));
         }
     }
 
