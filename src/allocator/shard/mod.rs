@@ -149,6 +149,19 @@ impl Accounting {
     /// statistics did, plus one test).
     #[inline(always)]
     pub fn increase_all<const N: usize>(&mut self, pool: StatType, changes: &[(Kind, usize); N]) {
+        self.increase_all_as(self.log.on, pool, changes);
+    }
+
+    /// `increase_all` where the caller knows whether the log is on (`logged`, a
+    /// constant in the copies `free_lists.rs` dispatches to: no test at all).
+    #[inline(always)]
+    pub fn increase_all_as<const N: usize>(
+        &mut self,
+        logged: bool,
+        pool: StatType,
+        changes: &[(Kind, usize); N],
+    ) {
+        debug_assert_eq!(logged, self.log.on);
         // One branch on the pool, then every statistic at a constant offset (a pool
         // index known only at run time is recomputed for each statistic).
         match pool {
@@ -156,7 +169,7 @@ impl Accounting {
             StatType::LargePool => self.add_all::<2, N>(changes),
             StatType::Aggregate => self.add_all::<0, N>(changes),
         }
-        if self.log.on {
+        if logged {
             self.log.record(words(pool, changes, 1));
         }
     }
@@ -164,12 +177,25 @@ impl Accounting {
     /// Several decreases in `pool`, in order, with one test of the log.
     #[inline(always)]
     pub fn decrease_all<const N: usize>(&mut self, pool: StatType, changes: &[(Kind, usize); N]) {
+        self.decrease_all_as(self.log.on, pool, changes);
+    }
+
+    /// `decrease_all` where the caller knows whether the log is on (see
+    /// `increase_all_as`).
+    #[inline(always)]
+    pub fn decrease_all_as<const N: usize>(
+        &mut self,
+        logged: bool,
+        pool: StatType,
+        changes: &[(Kind, usize); N],
+    ) {
+        debug_assert_eq!(logged, self.log.on);
         match pool {
             StatType::SmallPool => self.sub_all::<1, N>(changes),
             StatType::LargePool => self.sub_all::<2, N>(changes),
             StatType::Aggregate => self.sub_all::<0, N>(changes),
         }
-        if self.log.on {
+        if logged {
             self.log.record(words(pool, changes, -1));
         }
     }
