@@ -171,6 +171,11 @@ impl DeviceStats {
         ]
     }
 
+    /// Calls `f` on each of the nine arrays.
+    pub(crate) fn for_each_array(&mut self, f: impl FnMut(&mut StatArray)) {
+        self.arrays_mut().into_iter().for_each(f);
+    }
+
     /// Calls `f` on every statistic (the nine arrays, then the oversize counters).
     pub(crate) fn for_each_stat(&mut self, mut f: impl FnMut(&mut Stat)) {
         for arr in self.arrays_mut() {

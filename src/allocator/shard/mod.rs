@@ -113,11 +113,13 @@ pub(super) struct ShardState {
 /// What the shard holds, counted as PyTorch's statistics.
 #[derive(Default)]
 pub(super) struct Accounting {
-    /// PyTorch's statistics of this shard, but for `freed`: a decrease only lowers
-    /// `current` (one store fewer per decrease on the fast paths), and `freed` holds
-    /// the statistic's `current` at the last reset of the accumulated counts, from
-    /// which [`snapshot`](Self::snapshot) derives the true `freed` (`allocated` −
-    /// `current` + that). Read it through `snapshot`, or for `current` and `peak`.
+    /// PyTorch's statistics of this shard, but for the accumulated counts: a decrease
+    /// only lowers `current` (one store fewer per decrease on the fast paths), and
+    /// `freed` holds the statistic's `current` at the last reset of the accumulated
+    /// counts, from which [`snapshot`](Self::snapshot) derives the true `freed`
+    /// (`allocated` − `current` + that); an array's aggregate `allocated` is not kept
+    /// either (one store fewer per increase): it is the sum of its pools'. Read it
+    /// through `snapshot`, or for `current` and `peak`.
     pub stats: DeviceStats,
     /// Device bytes this shard holds.
     pub reserved: usize,
@@ -206,7 +208,13 @@ impl Accounting {
         for &(kind, amount) in changes {
             match kind.array_mut(&mut self.stats) {
                 Some(arr) => {
-                    arr[StatType::Aggregate as usize].increase(amount);
+                    debug_assert_ne!(P, 0, "a change to an array names its pool");
+                    // The aggregate's `allocated` is the pools' sum (`snapshot`).
+                    let agg = &mut arr[StatType::Aggregate as usize];
+                    agg.current += amount as i64;
+                    if agg.current > agg.peak {
+                        agg.peak = agg.current;
+                    }
                     arr[P].increase(amount);
                 }
                 None => kind
@@ -234,6 +242,7 @@ impl Accounting {
     /// The shard's statistics with every `freed` derived (see [`stats`](Self::stats)).
     pub fn snapshot(&self) -> DeviceStats {
         let mut s = self.stats;
+        s.for_each_array(|arr| arr[0].allocated = arr[1].allocated + arr[2].allocated);
         s.for_each_stat(|st| st.freed += st.allocated - st.current);
         s
     }
