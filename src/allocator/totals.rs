@@ -209,20 +209,58 @@ impl StatLog {
     /// Appends changes (words made by [`pack`] at the call site, where each word's
     /// statistic bits fold to a constant), in order. Out of line: the fast paths keep
     /// one test of [`on`](Self::on) per group of changes and no call or saved register
-    /// for it.
+    /// for it. A leaf while the log has room and is short of [`MERGE_AT`] (the buffer
+    /// is reserved for a whole window): growing and asking for a merge are
+    /// `record_slow`'s.
     #[cold]
     #[inline(never)]
     pub fn record<const N: usize>(&mut self, words: [u64; N]) {
-        // A new operation, or this thread stamped a change on another shard since this
-        // operation's header (lending, reclaiming: visits inside the operation): a new,
-        // later stamp, so the changes on both shards replay in program order.
-        if self.op == 0 || self.op != clock::last() {
-            self.header();
+        let len = self.words.len();
+        if self.words.capacity() - len <= N || len + N + 1 >= MERGE_AT {
+            return self.record_slow(words);
+        }
+        let head = self.new_header();
+        let spare = &mut self.words.spare_capacity_mut()[..N + 1];
+        let mut n = 0;
+        if let Some(h) = head {
+            spare[0].write(h);
+            n = 1;
+        }
+        for (slot, w) in spare[n..].iter_mut().zip(words) {
+            slot.write(w);
+        }
+        // SAFETY: the capacity holds `len + N + 1` words (tested above), and the `n + N`
+        // after `len` were just written.
+        unsafe { self.words.set_len(len + n + N) };
+    }
+
+    /// `record` when the buffer must grow or the log reaches [`MERGE_AT`].
+    #[cold]
+    #[inline(never)]
+    fn record_slow<const N: usize>(&mut self, words: [u64; N]) {
+        if let Some(h) = self.new_header() {
+            self.words.push(h);
         }
         self.words.extend_from_slice(&words);
         if self.words.len() >= MERGE_AT && !self.asked {
             self.ask_merge();
         }
+    }
+
+    /// The header word of a new operation, or of a new stamp in the same one when
+    /// this thread stamped a change on another shard since this operation's header
+    /// (lending, reclaiming: visits inside the operation), so that the changes on both
+    /// shards replay in program order; `None` when the changes join the operation's
+    /// current header.
+    #[inline(always)]
+    fn new_header(&mut self) -> Option<u64> {
+        if self.op != 0 && self.op == clock::last() {
+            return None;
+        }
+        let s = clock::stamp(self.last);
+        self.last = s;
+        self.op = s;
+        Some(HEADER | s)
     }
 
     #[cold]
@@ -232,14 +270,6 @@ impl StatLog {
         if let Some(shared) = &self.wants_merge {
             shared.ask_merge();
         }
-    }
-
-    #[inline(always)]
-    fn header(&mut self) {
-        let s = clock::stamp(self.last);
-        self.last = s;
-        self.op = s;
-        self.words.push(HEADER | s);
     }
 
     /// Starts a new window: the shard's peaks (`stats`, its own) fold into `saved`
@@ -692,6 +722,44 @@ mod tests {
             (5, 5)
         );
         assert_eq!((s.active[0].current, s.active[0].peak), (1, 1));
+    }
+
+    #[test]
+    fn a_reserved_log_writes_each_operation_after_its_header() {
+        // `start` reserves the window: `record` writes in place (its leaf path).
+        let mut l = log();
+        l.start();
+        l.begin_op();
+        rec(
+            &mut l,
+            StatType::SmallPool,
+            [(Kind::Active, 1), (Kind::ActiveBytes, 512)],
+        );
+        rec(&mut l, StatType::LargePool, [(Kind::Segment, -1)]);
+        l.begin_op();
+        rec(&mut l, StatType::SmallPool, [(Kind::Allocation, 2)]);
+        let w = &l.words;
+        assert_eq!(w.len(), 6);
+        assert!(w[0] & HEADER != 0 && w[4] & HEADER != 0 && w[0] < w[4]);
+        assert_eq!(unpack(w[1]), (2 * 3 + 1, 2 * 3, 1));
+        assert_eq!(unpack(w[2]), (6 * 3 + 1, 6 * 3, 512));
+        assert_eq!(unpack(w[3]), (3 + 2, 3, -1));
+        assert_eq!(unpack(w[5]), (1, 0, 2));
+        assert!(w[1..4].iter().chain(&w[5..]).all(|x| x & HEADER == 0));
+        assert_eq!(l.words.capacity(), MERGE_AT + 64, "no growth");
+    }
+
+    #[test]
+    fn a_reserved_full_log_asks_for_a_merge_once() {
+        let mut l = log();
+        l.start();
+        l.begin_op();
+        for _ in 0..MERGE_AT - 2 {
+            rec(&mut l, StatType::SmallPool, [(Kind::Active, 1)]);
+        }
+        assert!(!l.asked);
+        rec(&mut l, StatType::SmallPool, [(Kind::Active, 1)]);
+        assert!(l.asked && l.words.len() == MERGE_AT);
     }
 
     #[test]
