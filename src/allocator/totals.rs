@@ -3,11 +3,14 @@
 //! Each shard keeps its own `DeviceStats` (the per-stream statistics). A device-wide
 //! current value is the sum over shards, but a device-wide peak is the highest value
 //! the *sum* took, which the shards' own peaks do not give once two shards change.
-//! So, from the moment a second shard exists (one stream logs nothing and pays one
-//! test per group of changes; `exact_stats:False` never starts the logs), each shard also appends every change to a statistic
-//! with a peak to its own [`StatLog`], under its own lock (nothing shared is written
-//! on the fast path): one header word per operation (a stamp) and one word per change
-//! (statistic, its aggregate, signed amount). A *merge* (on a statistics
+//! So, from the moment a second shard exists (`exact_stats:False` never starts the
+//! logs), each shard also appends every change to a statistic with a peak to its own
+//! [`StatLog`], under its own lock (nothing shared is written on the fast path): one
+//! header word per operation (a stamp) and one word per change (statistic, its
+//! aggregate, signed amount), packed where the change is made and appended out of
+//! line (`StatLog::record`). One stream logs nothing: the hot functions (a found
+//! block handed out, a caller's free) test the log once and run a logged copy of
+//! their own when it is on; other changes test it per group. A *merge* (on a statistics
 //! query, a peak reset, or when a log reaches [`MERGE_AT`] words) locks every shard
 //! in creation order with the [`Totals`] lock held, swaps their logs out, unlocks the
 //! shards, and replays the logs k-way by stamp into device-wide current values and
