@@ -171,6 +171,20 @@ impl DeviceStats {
         ]
     }
 
+    /// Calls `f` on each of the nine arrays.
+    pub(crate) fn for_each_array(&mut self, f: impl FnMut(&mut StatArray)) {
+        self.arrays_mut().into_iter().for_each(f);
+    }
+
+    /// Calls `f` on every statistic (the nine arrays, then the oversize counters).
+    pub(crate) fn for_each_stat(&mut self, mut f: impl FnMut(&mut Stat)) {
+        for arr in self.arrays_mut() {
+            arr.iter_mut().for_each(&mut f);
+        }
+        f(&mut self.oversize_allocations);
+        f(&mut self.oversize_segments);
+    }
+
     /// Sets every peak to its current value.
     pub fn reset_peak(&mut self) {
         for arr in self.arrays_mut() {

@@ -113,7 +113,7 @@ impl CachingAllocator {
     /// Zeroes the accumulated (`allocated`/`freed`) statistics and counters.
     pub fn reset_accumulated_stats(&self) {
         for s in self.shards.all() {
-            s.lock().acct.stats.reset_accumulated();
+            s.lock().acct.reset_accumulated();
         }
         self.shared.private_reserved.lock().reset_accumulated();
     }

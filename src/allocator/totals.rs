@@ -3,11 +3,14 @@
 //! Each shard keeps its own `DeviceStats` (the per-stream statistics). A device-wide
 //! current value is the sum over shards, but a device-wide peak is the highest value
 //! the *sum* took, which the shards' own peaks do not give once two shards change.
-//! So, from the moment a second shard exists (one stream logs nothing and pays one
-//! test per group of changes; `exact_stats:False` never starts the logs), each shard also appends every change to a statistic
-//! with a peak to its own [`StatLog`], under its own lock (nothing shared is written
-//! on the fast path): one header word per operation (a stamp) and one word per change
-//! (statistic, its aggregate, signed amount). A *merge* (on a statistics
+//! So, from the moment a second shard exists (`exact_stats:False` never starts the
+//! logs), each shard also appends every change to a statistic with a peak to its own
+//! [`StatLog`], under its own lock (nothing shared is written on the fast path): one
+//! header word per operation (a stamp) and one word per change (statistic, its
+//! aggregate, signed amount), packed where the change is made and appended out of
+//! line (`StatLog::record`). One stream logs nothing: the hot functions (a found
+//! block handed out, a caller's free) test the log once and run a logged copy of
+//! their own when it is on; other changes test it per group. A *merge* (on a statistics
 //! query, a peak reset, or when a log reaches [`MERGE_AT`] words) locks every shard
 //! in creation order with the [`Totals`] lock held, swaps their logs out, unlocks the
 //! shards, and replays the logs k-way by stamp into device-wide current values and
@@ -140,8 +143,9 @@ const HEADER: u64 = 1 << 63;
 const AMOUNT_BITS: u32 = 53;
 const AMOUNT_MASK: u64 = (1 << AMOUNT_BITS) - 1;
 
+/// The change word of `delta` to `kind` in `pool` (see [`StatLog::record`]).
 #[inline(always)]
-fn pack(kind: Kind, pool: StatType, delta: i64) -> u64 {
+pub(crate) fn pack(kind: Kind, pool: StatType, delta: i64) -> u64 {
     let k = kind as usize;
     let (own, agg) = match k < 9 {
         true => (slot(k, pool as usize), slot(k, 0)),
@@ -205,23 +209,61 @@ impl StatLog {
         self.op = 0;
     }
 
-    /// Appends changes (statistic, signed amount) to `pool`, in order. Inlined, so
-    /// each word's statistic bits fold to a constant; the stamp is out of line.
-    #[inline(always)]
-    pub fn record<const N: usize>(&mut self, pool: StatType, changes: [(Kind, i64); N]) {
-        // A new operation, or this thread stamped a change on another shard since this
-        // operation's header (lending, reclaiming: visits inside the operation): a new,
-        // later stamp, so the changes on both shards replay in program order.
-        if self.op == 0 || self.op != clock::last() {
-            self.header();
+    /// Appends changes (words made by [`pack`] at the call site, where each word's
+    /// statistic bits fold to a constant), in order. Out of line: the fast paths keep
+    /// one test of [`on`](Self::on) per group of changes and no call or saved register
+    /// for it. A leaf while the log has room and is short of [`MERGE_AT`] (the buffer
+    /// is reserved for a whole window): growing and asking for a merge are
+    /// `record_slow`'s.
+    #[cold]
+    #[inline(never)]
+    pub fn record<const N: usize>(&mut self, words: [u64; N]) {
+        let len = self.words.len();
+        if self.words.capacity() - len <= N || len + N + 1 >= MERGE_AT {
+            return self.record_slow(words);
         }
-        self.words.reserve(N);
-        for (kind, delta) in changes {
-            self.words.push(pack(kind, pool, delta));
+        let head = self.new_header();
+        let spare = &mut self.words.spare_capacity_mut()[..N + 1];
+        let mut n = 0;
+        if let Some(h) = head {
+            spare[0].write(h);
+            n = 1;
         }
+        for (slot, w) in spare[n..].iter_mut().zip(words) {
+            slot.write(w);
+        }
+        // SAFETY: the capacity holds `len + N + 1` words (tested above), and the `n + N`
+        // after `len` were just written.
+        unsafe { self.words.set_len(len + n + N) };
+    }
+
+    /// `record` when the buffer must grow or the log reaches [`MERGE_AT`].
+    #[cold]
+    #[inline(never)]
+    fn record_slow<const N: usize>(&mut self, words: [u64; N]) {
+        if let Some(h) = self.new_header() {
+            self.words.push(h);
+        }
+        self.words.extend_from_slice(&words);
         if self.words.len() >= MERGE_AT && !self.asked {
             self.ask_merge();
         }
+    }
+
+    /// The header word of a new operation, or of a new stamp in the same one when
+    /// this thread stamped a change on another shard since this operation's header
+    /// (lending, reclaiming: visits inside the operation), so that the changes on both
+    /// shards replay in program order; `None` when the changes join the operation's
+    /// current header.
+    #[inline(always)]
+    fn new_header(&mut self) -> Option<u64> {
+        if self.op != 0 && self.op == clock::last() {
+            return None;
+        }
+        let s = clock::stamp(self.last);
+        self.last = s;
+        self.op = s;
+        Some(HEADER | s)
     }
 
     #[cold]
@@ -231,14 +273,6 @@ impl StatLog {
         if let Some(shared) = &self.wants_merge {
             shared.ask_merge();
         }
-    }
-
-    #[inline(always)]
-    fn header(&mut self) {
-        let s = clock::stamp(self.last);
-        self.last = s;
-        self.op = s;
-        self.words.push(HEADER | s);
     }
 
     /// Starts a new window: the shard's peaks (`stats`, its own) fold into `saved`
@@ -574,6 +608,11 @@ mod clock {
 mod tests {
     use super::*;
 
+    /// Logs `changes` to `pool` as the statistics updates do.
+    fn rec<const N: usize>(l: &mut StatLog, pool: StatType, changes: [(Kind, i64); N]) {
+        l.record(changes.map(|(k, d)| pack(k, pool, d)));
+    }
+
     fn log() -> StatLog {
         StatLog {
             on: true,
@@ -611,7 +650,7 @@ mod tests {
         for (on_a, d) in steps {
             let l = if on_a { &mut a } else { &mut b };
             l.begin_op();
-            l.record(StatType::SmallPool, [(Kind::AllocatedBytes, d)]);
+            rec(l, StatType::SmallPool, [(Kind::AllocatedBytes, d)]);
         }
         let mut t = Totals::default();
         t.enable(None);
@@ -640,7 +679,8 @@ mod tests {
         t.enable(Some(&shard(Kind::Active, StatType::LargePool, 5, 10)));
         let mut a = log();
         a.begin_op();
-        a.record(
+        rec(
+            &mut a,
             StatType::LargePool,
             [(Kind::Active, 15), (Kind::Active, -12)],
         );
@@ -665,10 +705,10 @@ mod tests {
         let mut t = Totals::default();
         t.enable(Some(&shard(Kind::ReservedBytes, StatType::LargePool, 5, 5)));
         a.begin_op();
-        a.record(StatType::SmallPool, [(Kind::Active, 1)]);
+        rec(&mut a, StatType::SmallPool, [(Kind::Active, 1)]);
         b.begin_op();
-        b.record(StatType::LargePool, [(Kind::ReservedBytes, -5)]);
-        a.record(StatType::LargePool, [(Kind::ReservedBytes, 5)]);
+        rec(&mut b, StatType::LargePool, [(Kind::ReservedBytes, -5)]);
+        rec(&mut a, StatType::LargePool, [(Kind::ReservedBytes, 5)]);
         let mut sa = shard(Kind::ReservedBytes, StatType::LargePool, 5, 5);
         let one = Stat {
             current: 1,
@@ -688,14 +728,52 @@ mod tests {
     }
 
     #[test]
+    fn a_reserved_log_writes_each_operation_after_its_header() {
+        // `start` reserves the window: `record` writes in place (its leaf path).
+        let mut l = log();
+        l.start();
+        l.begin_op();
+        rec(
+            &mut l,
+            StatType::SmallPool,
+            [(Kind::Active, 1), (Kind::ActiveBytes, 512)],
+        );
+        rec(&mut l, StatType::LargePool, [(Kind::Segment, -1)]);
+        l.begin_op();
+        rec(&mut l, StatType::SmallPool, [(Kind::Allocation, 2)]);
+        let w = &l.words;
+        assert_eq!(w.len(), 6);
+        assert!(w[0] & HEADER != 0 && w[4] & HEADER != 0 && w[0] < w[4]);
+        assert_eq!(unpack(w[1]), (2 * 3 + 1, 2 * 3, 1));
+        assert_eq!(unpack(w[2]), (6 * 3 + 1, 6 * 3, 512));
+        assert_eq!(unpack(w[3]), (3 + 2, 3, -1));
+        assert_eq!(unpack(w[5]), (1, 0, 2));
+        assert!(w[1..4].iter().chain(&w[5..]).all(|x| x & HEADER == 0));
+        assert_eq!(l.words.capacity(), MERGE_AT + 64, "no growth");
+    }
+
+    #[test]
+    fn a_reserved_full_log_asks_for_a_merge_once() {
+        let mut l = log();
+        l.start();
+        l.begin_op();
+        for _ in 0..MERGE_AT - 2 {
+            rec(&mut l, StatType::SmallPool, [(Kind::Active, 1)]);
+        }
+        assert!(!l.asked);
+        rec(&mut l, StatType::SmallPool, [(Kind::Active, 1)]);
+        assert!(l.asked && l.words.len() == MERGE_AT);
+    }
+
+    #[test]
     fn a_full_log_asks_for_a_merge_once() {
         let mut l = log();
         l.begin_op();
         for _ in 0..MERGE_AT - 2 {
-            l.record(StatType::SmallPool, [(Kind::Active, 1)]);
+            rec(&mut l, StatType::SmallPool, [(Kind::Active, 1)]);
         }
         assert!(!l.asked);
-        l.record(StatType::SmallPool, [(Kind::Active, 1)]);
+        rec(&mut l, StatType::SmallPool, [(Kind::Active, 1)]);
         assert!(l.asked);
     }
 

@@ -369,7 +369,7 @@ impl StreamMap {
     }
 
     /// The free lists of pool `key`, created empty if needed.
-    #[inline]
+    #[inline(always)]
     pub fn get_or_default(&mut self, key: PoolTag) -> &mut StreamPools {
         match self.entries.iter().position(|e| e.0 == key) {
             Some(i) => &mut self.entries[i].1,

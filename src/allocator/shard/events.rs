@@ -17,22 +17,41 @@ use crate::pool::{BlockId, Phase};
 use crate::stats::StatType;
 
 impl ShardState {
+    /// A caller's free of allocated block `id`. With the statistics log on, a copy of
+    /// its own (out of line) runs instead, as `alloc_found_block` does.
     pub fn free(&mut self, id: BlockId) {
+        if self.acct.log.on {
+            return self.free_logged(id);
+        }
+        self.free_as::<false>(id);
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn free_logged(&mut self, id: BlockId) {
+        self.free_as::<true>(id);
+    }
+
+    #[inline(always)]
+    fn free_as<const LOG: bool>(&mut self, id: BlockId) {
         let b = &mut self.blocks[id];
         debug_assert!(b.is_allocated());
         let (st, size, lent) = (b.kind.stat_type(), b.size, b.phase == Phase::Lent);
         b.phase = Phase::Free;
-        self.acct
-            .decrease_all(st, &[(Kind::Allocation, 1), (Kind::AllocatedBytes, size)]);
+        self.acct.decrease_all_as(
+            LOG,
+            st,
+            &[(Kind::Allocation, 1), (Kind::AllocatedBytes, size)],
+        );
         if size >= self.shared.config.max_split_size {
             self.acct
-                .decrease(Kind::OversizeAllocations, StatType::Aggregate, 1);
+                .decrease_all_as(LOG, StatType::Aggregate, &[(Kind::OversizeAllocations, 1)]);
         }
         if lent && self.return_lent(id) {
             return;
         }
         if self.blocks[id].stream_uses.is_empty() {
-            self.free_block_deferring(id);
+            self.free_block_deferring(id, LOG);
         } else if self.capture.capturing.is_some() {
             // No event calls during a capture: record them when it ends.
             self.blocks[id].add_wait();

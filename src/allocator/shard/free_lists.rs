@@ -96,7 +96,29 @@ impl ShardState {
 
     /// Hands out block `id` (already out of its free list), splitting off the head that
     /// `base_addr_aligned_kb` asks for (`expandable.rs`) and the tail.
+    ///
+    /// With the statistics log on, a copy of its own (`LOG`, out of line) runs instead:
+    /// the usual copy tests nothing and has no call to save registers around.
     pub(super) fn alloc_found_block(
+        &mut self,
+        id: BlockId,
+        size: usize,
+        rounded: usize,
+    ) -> BlockId {
+        if self.acct.log.on {
+            return self.alloc_found_block_logged(id, size, rounded);
+        }
+        self.alloc_found_block_as::<false>(id, size, rounded)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn alloc_found_block_logged(&mut self, id: BlockId, size: usize, rounded: usize) -> BlockId {
+        self.alloc_found_block_as::<true>(id, size, rounded)
+    }
+
+    #[inline(always)]
+    fn alloc_found_block_as<const LOG: bool>(
         &mut self,
         id: BlockId,
         size: usize,
@@ -125,12 +147,13 @@ impl ShardState {
             out = self.split_front(id, rounded, st, already_split);
         } else if already_split {
             let bsize = self.blocks[id].size;
-            self.acct.decrease_all(
+            self.acct.decrease_all_as(
+                LOG,
                 st,
                 &[(Kind::InactiveSplitBytes, bsize), (Kind::InactiveSplit, 1)],
             );
         }
-        self.count_allocated(out, size)
+        self.count_allocated_as::<LOG>(out, size)
     }
 
     /// Splits `rounded` bytes off the front of free block `id` (out of its free list)
@@ -194,13 +217,29 @@ impl ShardState {
     }
 
     /// Block `out` is handed out for a request of `size` bytes: its phase and statistics.
+    /// Dispatches on the statistics log as `alloc_found_block` does.
     pub(super) fn count_allocated(&mut self, out: BlockId, size: usize) -> BlockId {
+        if self.acct.log.on {
+            return self.count_allocated_logged(out, size);
+        }
+        self.count_allocated_as::<false>(out, size)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn count_allocated_logged(&mut self, out: BlockId, size: usize) -> BlockId {
+        self.count_allocated_as::<true>(out, size)
+    }
+
+    #[inline(always)]
+    fn count_allocated_as<const LOG: bool>(&mut self, out: BlockId, size: usize) -> BlockId {
         let st = self.blocks[out].kind.stat_type();
         let b = &mut self.blocks[out];
         b.phase = Phase::Allocated;
         b.requested = size;
         let bsize = b.size;
-        self.acct.increase_all(
+        self.acct.increase_all_as(
+            LOG,
             st,
             &[
                 (Kind::Allocation, 1),
@@ -212,7 +251,7 @@ impl ShardState {
         );
         if bsize >= self.shared.config.max_split_size {
             self.acct
-                .increase(Kind::OversizeAllocations, StatType::Aggregate, 1);
+                .increase_all_as(LOG, StatType::Aggregate, &[(Kind::OversizeAllocations, 1)]);
         }
         out
     }
@@ -220,24 +259,27 @@ impl ShardState {
     /// A block becomes reusable: into its stream's hot cache if there is room, else
     /// into its free list, merged with free neighbours.
     pub(super) fn free_block(&mut self, id: BlockId) {
-        self.release_to_cache(id, false);
+        self.release_to_cache(id, false, self.acct.log.on);
     }
 
     /// `free_block` for a caller's free, the last step of the operation: the merge
     /// with the free block after it may be deferred to the shard's next operation
     /// (`lazy_merge.rs`). Frees inside other operations (events completed, waits) merge
-    /// at once, so no operation meets a merge deferred during itself.
-    pub(super) fn free_block_deferring(&mut self, id: BlockId) {
-        self.release_to_cache(id, true);
+    /// at once, so no operation meets a merge deferred during itself. `logged`: whether
+    /// the statistics log is on (a constant in `free`'s copies).
+    #[inline(always)]
+    pub(super) fn free_block_deferring(&mut self, id: BlockId, logged: bool) {
+        self.release_to_cache(id, true, logged);
     }
 
     #[inline(always)]
-    fn release_to_cache(&mut self, id: BlockId, may_defer: bool) {
+    fn release_to_cache(&mut self, id: BlockId, may_defer: bool, logged: bool) {
         let b = &mut self.blocks[id];
         debug_assert!(b.is_free() && b.stream_uses.is_empty());
         let (st, size, requested, split) = (b.kind.stat_type(), b.size, b.requested, b.is_split());
         b.requested = 0;
-        self.acct.decrease_all(
+        self.acct.decrease_all_as(
+            logged,
             st,
             &[
                 (Kind::Active, 1),
@@ -262,7 +304,8 @@ impl ShardState {
                 hot.push((size, id));
                 self.blocks[id].phase = Phase::Hot;
                 if split {
-                    self.acct.increase_all(
+                    self.acct.increase_all_as(
+                        logged,
                         st,
                         &[(Kind::InactiveSplit, 1), (Kind::InactiveSplitBytes, size)],
                     );

@@ -17,7 +17,7 @@ impl ShardState {
     /// The shard's statistics: its per-stream peaks are its own (see
     /// `StatLog::stream_peaks`).
     pub fn stats_snapshot(&self) -> DeviceStats {
-        let mut s = self.acct.stats;
+        let mut s = self.acct.snapshot();
         self.acct.log.stream_peaks(&mut s);
         s.max_split_size = i64::try_from(self.shared.config.max_split_size).unwrap_or(i64::MAX);
         s
@@ -121,5 +121,31 @@ mod tests {
             st.segment_of(st.ptrs.get(&b).copied().unwrap()),
             (a, 2 << 20)
         );
+    }
+
+    #[test]
+    fn snapshots_derive_the_freed_counts_across_a_reset() {
+        // Decreases only lower `current`; the snapshot derives `freed`, also after a
+        // reset of the accumulated counts with allocations still live.
+        let (_sim, mut st) = shard("");
+        let a = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
+        let b = st.malloc(3000, false, &NoPeers).unwrap().unwrap();
+        free(&mut st, a);
+        let s = st.stats_snapshot().allocated_bytes;
+        let acc = |x: crate::stats::Stat| (x.current, x.allocated, x.freed);
+        assert_eq!(
+            (acc(s[0]), acc(s[1])),
+            ((3072, 4096, 1024), (3072, 4096, 1024))
+        );
+        st.acct.reset_accumulated();
+        let s = st.stats_snapshot().allocated_bytes;
+        assert_eq!(acc(s[0]), (3072, 0, 0));
+        let c = st.malloc(512, false, &NoPeers).unwrap().unwrap();
+        free(&mut st, b);
+        free(&mut st, c);
+        let s = st.stats_snapshot();
+        assert_eq!(acc(s.allocated_bytes[0]), (0, 512, 3584));
+        assert_eq!(acc(s.allocation[1]), (0, 1, 2));
+        assert_eq!(acc(s.allocation[2]), (0, 0, 0));
     }
 }

@@ -45,11 +45,11 @@ use std::sync::Arc;
 use slab::Slab;
 
 use super::shared::Shared;
-use super::totals::{Kind, StatLog};
+use super::totals::{pack, Kind, StatLog};
 use crate::device::{Device, DeviceIndex, DevicePtr, StreamHandle};
 use crate::error::Error;
 use crate::pool::{Block, BlockId, PoolTag, PtrTable, StreamMap, VmSegment};
-use crate::stats::{self, DeviceStats, StatType};
+use crate::stats::{DeviceStats, StatType};
 use crate::stream::{DirtyMarks, EventPool, Fences, PendingFrees};
 
 /// Access to the other streams' shards from inside one shard's slow path.
@@ -113,7 +113,13 @@ pub(super) struct ShardState {
 /// What the shard holds, counted as PyTorch's statistics.
 #[derive(Default)]
 pub(super) struct Accounting {
-    /// PyTorch's statistics of this shard.
+    /// PyTorch's statistics of this shard, but for the accumulated counts: a decrease
+    /// only lowers `current` (one store fewer per decrease on the fast paths), and
+    /// `freed` holds the statistic's `current` at the last reset of the accumulated
+    /// counts, from which [`snapshot`](Self::snapshot) derives the true `freed`
+    /// (`allocated` − `current` + that); an array's aggregate `allocated` is not kept
+    /// either (one store fewer per increase): it is the sum of its pools'. Read it
+    /// through `snapshot`, or for `current` and `peak`.
     pub stats: DeviceStats,
     /// Device bytes this shard holds.
     pub reserved: usize,
@@ -145,30 +151,106 @@ impl Accounting {
     /// statistics did, plus one test).
     #[inline(always)]
     pub fn increase_all<const N: usize>(&mut self, pool: StatType, changes: &[(Kind, usize); N]) {
-        for &(kind, amount) in changes {
-            match kind.array_mut(&mut self.stats) {
-                Some(arr) => stats::increase(arr, pool, amount),
-                None => kind.stat_mut(&mut self.stats, pool).increase(amount),
-            }
+        self.increase_all_as(self.log.on, pool, changes);
+    }
+
+    /// `increase_all` where the caller knows whether the log is on (`logged`, a
+    /// constant in the copies `free_lists.rs` dispatches to: no test at all).
+    #[inline(always)]
+    pub fn increase_all_as<const N: usize>(
+        &mut self,
+        logged: bool,
+        pool: StatType,
+        changes: &[(Kind, usize); N],
+    ) {
+        debug_assert_eq!(logged, self.log.on);
+        // One branch on the pool, then every statistic at a constant offset (a pool
+        // index known only at run time is recomputed for each statistic).
+        match pool {
+            StatType::SmallPool => self.add_all::<1, N>(changes),
+            StatType::LargePool => self.add_all::<2, N>(changes),
+            StatType::Aggregate => self.add_all::<0, N>(changes),
         }
-        if self.log.on {
-            self.log.record(pool, changes.map(|(k, a)| (k, a as i64)));
+        if logged {
+            self.log.record(words(pool, changes, 1));
         }
     }
 
     /// Several decreases in `pool`, in order, with one test of the log.
     #[inline(always)]
     pub fn decrease_all<const N: usize>(&mut self, pool: StatType, changes: &[(Kind, usize); N]) {
+        self.decrease_all_as(self.log.on, pool, changes);
+    }
+
+    /// `decrease_all` where the caller knows whether the log is on (see
+    /// `increase_all_as`).
+    #[inline(always)]
+    pub fn decrease_all_as<const N: usize>(
+        &mut self,
+        logged: bool,
+        pool: StatType,
+        changes: &[(Kind, usize); N],
+    ) {
+        debug_assert_eq!(logged, self.log.on);
+        match pool {
+            StatType::SmallPool => self.sub_all::<1, N>(changes),
+            StatType::LargePool => self.sub_all::<2, N>(changes),
+            StatType::Aggregate => self.sub_all::<0, N>(changes),
+        }
+        if logged {
+            self.log.record(words(pool, changes, -1));
+        }
+    }
+
+    /// `increase_all`'s updates, pool `P`.
+    #[inline(always)]
+    fn add_all<const P: usize, const N: usize>(&mut self, changes: &[(Kind, usize); N]) {
         for &(kind, amount) in changes {
             match kind.array_mut(&mut self.stats) {
-                Some(arr) => stats::decrease(arr, pool, amount),
-                None => kind.stat_mut(&mut self.stats, pool).decrease(amount),
+                Some(arr) => {
+                    debug_assert_ne!(P, 0, "a change to an array names its pool");
+                    // The aggregate's `allocated` is the pools' sum (`snapshot`).
+                    let agg = &mut arr[StatType::Aggregate as usize];
+                    agg.current += amount as i64;
+                    if agg.current > agg.peak {
+                        agg.peak = agg.current;
+                    }
+                    arr[P].increase(amount);
+                }
+                None => kind
+                    .stat_mut(&mut self.stats, StatType::Aggregate)
+                    .increase(amount),
             }
         }
-        if self.log.on {
-            self.log
-                .record(pool, changes.map(|(k, a)| (k, -(a as i64))));
+    }
+
+    /// `decrease_all`'s updates, pool `P`: `current` only (see [`stats`](Self::stats)).
+    #[inline(always)]
+    fn sub_all<const P: usize, const N: usize>(&mut self, changes: &[(Kind, usize); N]) {
+        for &(kind, amount) in changes {
+            let a = amount as i64;
+            match kind.array_mut(&mut self.stats) {
+                Some(arr) => {
+                    arr[StatType::Aggregate as usize].current -= a;
+                    arr[P].current -= a;
+                }
+                None => kind.stat_mut(&mut self.stats, StatType::Aggregate).current -= a,
+            }
         }
+    }
+
+    /// The shard's statistics with every `freed` derived (see [`stats`](Self::stats)).
+    pub fn snapshot(&self) -> DeviceStats {
+        let mut s = self.stats;
+        s.for_each_array(|arr| arr[0].allocated = arr[1].allocated + arr[2].allocated);
+        s.for_each_stat(|st| st.freed += st.allocated - st.current);
+        s
+    }
+
+    /// Zeroes the accumulated counts (`allocated`, `freed`, the event counters).
+    pub fn reset_accumulated(&mut self) {
+        self.stats.reset_accumulated();
+        self.stats.for_each_stat(|st| st.freed = st.current);
     }
 
     /// Adds a signed `net` change (nothing when zero).
@@ -180,6 +262,18 @@ impl Accounting {
             std::cmp::Ordering::Equal => {}
         }
     }
+}
+
+/// The log words of `changes` to `pool`, each amount times `sign` (a plain loop, fully
+/// unrolled: `array::map` is a call, which would make the changes live on the stack
+/// before the test of the log).
+#[inline(always)]
+fn words<const N: usize>(pool: StatType, changes: &[(Kind, usize); N], sign: i64) -> [u64; N] {
+    let mut w = [0; N];
+    for i in 0..N {
+        w[i] = pack(changes[i].0, pool, sign * changes[i].1 as i64);
+    }
+    w
 }
 
 /// Frees waiting before their blocks can be reused.
