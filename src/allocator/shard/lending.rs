@@ -34,7 +34,8 @@
 //! the start and end of each of its misses, so another stream's rise counts from this
 //! shard's next miss; growth back under the mark after reclaiming is not a rise). A
 //! steady shard's miss grows its own cache first and borrows only if that fails (as
-//! a repeat does), its growth gives no idle segment back first, and another stream's
+//! a repeat does; with expandable segments a miss still borrows a block before mapping
+//! pages), its growth gives no idle segment back first, and another stream's
 //! growth takes none of its idle segments (`release.rs`): at steady state the memory
 //! in each stream's cache is what that stream's loop needs again. A workload that
 //! changes phase raises the mark twice in a short time, which ends steadiness and
