@@ -9,11 +9,13 @@
 //!    another stream, then a free block of another stream (`lending.rs`); with
 //!    expandable segments only the block. A stream that keeps borrowing for the same
 //!    request size while the device does not grow (a steady loop) grows first instead
-//!    (rung 4 moved up, `lending.rs`'s repeat rule), and borrows if that fails;
+//!    (rung 4 moved up, `lending.rs`'s repeat rule), and borrows if that fails; so
+//!    does every miss of a steady stream (`lending.rs`);
 //! 4. **grow**: idle empty segments back first if reserved memory would pass its
-//!    high-water mark, then a device malloc (with expandable segments: map pages; when
-//!    the device or the memory fraction cannot give an adaptive segment, PyTorch's
-//!    smaller size, `alloc_segment`; also in rungs 5 and 6);
+//!    high-water mark (not those of steady streams), then a device malloc (with
+//!    expandable segments: map pages; when the device or the memory fraction cannot
+//!    give an adaptive segment, PyTorch's smaller size, `alloc_segment`; also in rungs
+//!    5 and 6);
 //!    past the reserve budget, the device-side wait of rung 5 first;
 //! 5. **release and grow**: oversize cached blocks back (`max_split_size_mb`), grow
 //!    again; then **wait on the device** for a pending free that fits: this stream's
@@ -34,6 +36,7 @@
 
 use std::sync::atomic::Ordering;
 
+use super::lending::GrowFirst;
 use super::ShardState;
 use super::{Grant, Peers};
 use crate::allocator::oom;
@@ -118,8 +121,23 @@ impl ShardState {
             .or_else(|| self.get_free_block(req.kind, req.rounded))
     }
 
-    /// Rungs 2 to 6, for a request the own cache could not serve.
+    /// Rungs 2 to 6, for a request the own cache could not serve. Looks at the device's
+    /// reserved high-water mark before and after (`lending.rs`: steadiness), so that a
+    /// rise by this shard's own growth counts from when it happened.
     fn miss(
+        &mut self,
+        req: &Request,
+        others_released: bool,
+        peers: &dyn Peers,
+    ) -> Result<Option<Grant>, Error> {
+        self.note_growth();
+        let grant = self.miss_rungs(req, others_released, peers);
+        self.note_growth();
+        grant
+    }
+
+    /// `miss` without the bookkeeping.
+    fn miss_rungs(
         &mut self,
         req: &Request,
         others_released: bool,
@@ -147,10 +165,13 @@ impl ShardState {
         }
         // A repeat borrower grows its own cache before borrowing (`lending.rs`); if
         // that fails, memory is short: it borrows, without counting the borrow.
-        let regrow = self.grow_before_borrowing(req, seg_size);
+        let first = self.grow_before_borrowing(req, seg_size);
+        let regrow = first != GrowFirst::No;
         if regrow {
             if let Some(id) = self.grow(req, seg_size, peers)? {
-                self.shared.regrowths.fetch_add(1, Ordering::Relaxed);
+                if first == GrowFirst::Repeat {
+                    self.shared.regrowths.fetch_add(1, Ordering::Relaxed);
+                }
                 return Ok(Some(Grant::Own(id)));
             }
         }

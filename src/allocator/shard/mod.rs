@@ -310,6 +310,9 @@ pub(super) struct Lending {
     /// The borrower's side: borrows per request size since the device last grew
     /// (`lending.rs`: a steady borrower grows its own cache instead).
     pub(super) borrowed: lending::Borrowed,
+    /// When this shard saw the device's reserved high-water mark rise (`lending.rs`:
+    /// a steady stream keeps its memory).
+    pub(super) steadiness: lending::Steadiness,
 }
 
 /// Clocks and back-off of reclaiming (idle segments, garbage collection).

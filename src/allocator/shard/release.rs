@@ -1,6 +1,7 @@
 //! Giving memory back to the device: whole free segments on cache release, before
-//! growth past the high-water mark (idle ones, with churn back-off), oversize blocks
-//! (`max_split_size_mb`) and PyTorch's garbage collection.
+//! growth past the high-water mark (idle ones, with churn back-off, never those of a
+//! steady stream: `lending.rs`), oversize blocks (`max_split_size_mb`) and PyTorch's
+//! garbage collection.
 //!
 //! Contract: only whole free segments that are not dirty (or whose streams were
 //! synchronised) go back; segments of private pools still in use never do; a device free
@@ -175,20 +176,24 @@ impl ShardState {
     /// Before reserved memory grows past its high-water mark, return wholly empty cached
     /// segments (which cannot serve this request: the free lists had no fit) until the
     /// new segment fits under the mark. Below the mark nothing is freed, so a repeating
-    /// workload settles with no device frees.
+    /// workload settles with no device frees. A steady shard (`lending.rs`) gives
+    /// nothing back, and its idle segments are not taken by another stream's growth:
+    /// at steady state they are its loop's, needed again.
     pub(super) fn release_empty_before_growth(&mut self, seg_size: usize, peers: &dyn Peers) {
         let index = self.index;
         if !self.shared.config.reclaim_before_growth || self.capture_underway() {
             return;
         }
         let over = (self.shared.reserved() + seg_size).saturating_sub(self.shared.hwm());
-        if over == 0 || self.dev.drain_before_free(index).is_err() {
+        if over == 0 || self.steady() || self.dev.drain_before_free(index).is_err() {
             return;
         }
         let mut released = self.release_idle_segments(over);
         if released < over {
             peers.visit(&mut |other| {
-                released += other.release_idle_segments(over - released);
+                if !other.steady() {
+                    released += other.release_idle_segments(over - released);
+                }
                 released < over
             });
         }
