@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering;
 
 use super::shard::ShardState;
-use super::totals::{allowances, sum_stats, Plan, Totals};
+use super::totals::{allowances, sum_stats, Plan, Totals, SLOTS};
 use super::CachingAllocator;
 use crate::stats::DeviceStats;
 
@@ -91,15 +91,20 @@ impl CachingAllocator {
             .stats_logging
             .store(rooms.is_none(), Ordering::SeqCst);
         let mut logs = Vec::new();
+        let mut start = totals.quiet.then_some([0i64; SLOTS]);
         for (k, st) in guards.iter_mut().enumerate() {
             let acct = &mut st.acct;
+            if let Some(start) = &mut start {
+                let base = acct.log.base(&acct.stats);
+                start.iter_mut().zip(base).for_each(|(s, b)| *s += b);
+            }
             match plan {
                 Plan::Skip(_) => acct.log.clear(),
                 Plan::Replay(_) => logs.push(acct.log.swap(totals.spare())),
             }
             acct.log.open_window(&mut acct.stats);
             match &rooms {
-                Some(r) => acct.log.go_quiet(r[k]),
+                Some(r) => acct.log.go_quiet(r[k], &acct.stats),
                 None => acct.log.go_loud(),
             }
         }
@@ -107,7 +112,7 @@ impl CachingAllocator {
         drop(guards);
         match plan {
             Plan::Skip(sum) => totals.skip(sum),
-            Plan::Replay(sum) => totals.replay(logs, sum),
+            Plan::Replay(sum) => totals.replay(logs, sum, start),
         }
         totals.quiet = rooms.is_some();
     }

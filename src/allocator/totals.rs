@@ -122,7 +122,7 @@ impl Kind {
 /// Device-wide slots: 9 arrays × 3 pools (`kind * 3 + pool`), then the two oversize
 /// counters (27, 28); 32 so that a 5-bit slot indexes without a bounds check. Slot
 /// [`NO_SLOT`] is never read: the aggregate slot of a change to an oversize counter.
-const SLOTS: usize = 32;
+pub(crate) const SLOTS: usize = 32;
 const NO_SLOT: usize = 31;
 
 fn slot(kind: usize, pool: usize) -> usize {
@@ -192,6 +192,8 @@ pub(crate) struct StatLog {
     quiet: bool,
     /// In quiet mode, per slot, the allowance less the current value.
     room: [i64; SLOTS],
+    /// The allowances of the window (`quiet.rs`).
+    allow: [i64; SLOTS],
 }
 
 impl StatLog {
@@ -389,7 +391,7 @@ impl Totals {
     pub fn merge(&mut self, logs: Vec<Vec<u64>>, shards: &[&DeviceStats]) {
         match self.plan(shards) {
             Plan::Skip(sum) => self.cur = sum,
-            Plan::Replay(sum) => self.replay(logs, sum),
+            Plan::Replay(sum) => self.replay(logs, sum, None),
         }
     }
 
@@ -424,17 +426,13 @@ impl Totals {
 
     /// Ends a merge by replaying `logs` (which end at currents `sum`); keeps their
     /// buffers for reuse.
-    pub fn replay(&mut self, logs: Vec<Vec<u64>>, sum: [i64; SLOTS]) {
-        // The replay starts where the quiet changes (none outside quiet mode) left the
-        // shards: their currents at the cut less what they logged (`quiet.rs`).
-        let logged = quiet::logged_sums(&logs);
-        let mut start = sum;
-        start.iter_mut().zip(logged).for_each(|(s, l)| *s -= l);
-        debug_assert!(
-            self.quiet || self.cur[..NO_SLOT] == start[..NO_SLOT],
-            "a window that logged everything starts from the last merge's currents"
-        );
-        self.cur = start;
+    /// `start`: where the quiet changes left the shards, the sums of their bases, in a
+    /// window that began in quiet mode (`quiet.rs`); else the last merge's currents.
+    pub fn replay(&mut self, logs: Vec<Vec<u64>>, sum: [i64; SLOTS], start: Option<[i64; SLOTS]>) {
+        if let Some(start) = start {
+            self.cur = start;
+            self.cur[NO_SLOT] = 0;
+        }
         self.apply_logs(&logs);
         (self.cur[NO_SLOT], self.peak[NO_SLOT]) = (0, 0);
         debug_assert_eq!(self.cur, sum, "the logs replay to the shards' sums");

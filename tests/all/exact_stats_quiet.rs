@@ -59,8 +59,8 @@ struct Driver {
 }
 
 impl Driver {
-    fn new(n: usize) -> Self {
-        let (sim, a) = with(1 << 36, SimMode::Manual, false, "");
+    fn new(n: usize, conf: &str) -> Self {
+        let (sim, a) = with(1 << 36, SimMode::Manual, false, conf);
         let streams = (0..n)
             .map(|i| {
                 if i == 0 {
@@ -116,7 +116,8 @@ fn a_shard_passing_its_allowance_turns_the_other_shards_logs_on() {
     // a new peak, 20 MiB + 4 KiB, which only the quiet change of stream 1 explains.
     // Stream 1 then frees before the next merge: had it not started logging when the
     // flag was set, the merge would count its 10 MiB as absent all window.
-    let mut d = Driver::new(2);
+    // Without lending each stream's blocks (and statistics) stay on its own shard.
+    let mut d = Driver::new(2, "lend_segments:False,lend_blocks:False");
     for _ in 0..3 {
         d.malloc(0, 10 * MIB);
         d.malloc(1, 10 * MIB);
@@ -143,8 +144,12 @@ fn one_thread_on_three_streams_with_queries_and_resets_keeps_the_true_peaks() {
     // Random sizes on random streams, a query every few steps (each a merge into
     // quiet mode when the allowances can be given), now and then a peak reset:
     // every query's currents and peaks equal the brute-force running sums and maxima.
-    for seed in [3u64, 17, 99] {
-        let mut d = Driver::new(3);
+    for (seed, conf) in [
+        (3u64, ""),
+        (17, "lend_segments:False,lend_blocks:False"),
+        (99, ""),
+    ] {
+        let mut d = Driver::new(3, conf);
         let mut r = Rng(seed);
         for i in 0..3000 {
             if d.live.len() > 4 && r.next() % 2 == 0 {

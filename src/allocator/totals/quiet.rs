@@ -65,6 +65,12 @@ impl StatLog {
                 if fits {
                     return true;
                 }
+                // Logged: the base (`base`) is the value before this group.
+                for &w in words {
+                    let (own, agg, delta) = unpack(w);
+                    self.room[own] += delta;
+                    self.room[agg] += delta;
+                }
                 flag.store(true, Ordering::SeqCst);
             }
         }
@@ -72,10 +78,28 @@ impl StatLog {
         false
     }
 
-    /// Enters quiet mode with `room` (allowance less current, per slot) at a merge.
-    pub fn go_quiet(&mut self, room: [i64; SLOTS]) {
+    /// Enters quiet mode with `room` (allowance less current, per slot) at a merge of
+    /// the shard at `stats`.
+    pub fn go_quiet(&mut self, room: [i64; SLOTS], stats: &DeviceStats) {
         self.quiet = true;
         self.room = room;
+        for_slots(&mut stats.clone(), |i, s| {
+            self.allow[i] = s.current + room[i]
+        });
+    }
+
+    /// In a window that began quiet, at the cut (the shard at `stats`): per slot, the
+    /// shard's value before its first logged change, or its current value when it
+    /// logged nothing (the replay's start, `Totals::replay`).
+    pub fn base(&self, stats: &DeviceStats) -> [i64; SLOTS] {
+        let mut out = [0; SLOTS];
+        for_slots(&mut stats.clone(), |i, s| {
+            out[i] = match self.quiet {
+                true => s.current,
+                false => self.allow[i] - self.room[i],
+            }
+        });
+        out
     }
 
     /// Logs every change until the next merge.
@@ -86,9 +110,10 @@ impl StatLog {
     /// A shard created while the logs are on: quiet with no allowance (its first
     /// increase sets the flag), or logging at once when the flag is set.
     pub fn start_quiet(&mut self) {
-        let mut room = [0; SLOTS];
-        room[NO_SLOT] = UNBOUNDED;
-        self.go_quiet(room);
+        self.quiet = true;
+        self.room = [0; SLOTS];
+        self.room[NO_SLOT] = UNBOUNDED;
+        self.allow = [0; SLOTS];
     }
 
     /// Whether this shard is in quiet mode (tests).
@@ -136,17 +161,4 @@ pub(crate) fn allowances(
         r[NO_SLOT] = UNBOUNDED;
     }
     Some(rooms)
-}
-
-/// Per slot, the sum of the changes in `logs`.
-pub(super) fn logged_sums(logs: &[Vec<u64>]) -> [i64; SLOTS] {
-    let mut out = [0i64; SLOTS];
-    for &w in logs.iter().flatten() {
-        if w & super::HEADER == 0 {
-            let (own, agg, delta) = unpack(w);
-            out[own] += delta;
-            out[agg] += delta;
-        }
-    }
-    out
 }
