@@ -117,7 +117,7 @@ fn a_shard_passing_its_allowance_turns_the_other_shards_logs_on() {
     // Stream 1 then frees before the next merge: had it not started logging when the
     // flag was set, the merge would count its 10 MiB as absent all window.
     // Without lending each stream's blocks (and statistics) stay on its own shard.
-    let mut d = Driver::new(2, "lend_segments:False,lend_blocks:False");
+    let mut d = Driver::new(3, "lend_segments:False,lend_blocks:False");
     for _ in 0..3 {
         d.malloc(0, 10 * MIB);
         d.malloc(1, 10 * MIB);
@@ -137,6 +137,9 @@ fn a_shard_passing_its_allowance_turns_the_other_shards_logs_on() {
     d.malloc(1, 5 * MIB);
     d.free(0);
     d.query("after the reset's window");
+    // A stream's first allocation in quiet mode: its shard has no allowance.
+    d.malloc(2, 64 * MIB);
+    d.query("after a new stream's first allocation");
 }
 
 #[test]
