@@ -115,12 +115,6 @@ impl StatLog {
         self.room[NO_SLOT] = UNBOUNDED;
         self.allow = [0; SLOTS];
     }
-
-    /// Whether this shard is in quiet mode (tests).
-    #[cfg(test)]
-    pub fn is_quiet(&self) -> bool {
-        self.quiet
-    }
 }
 
 /// Every shard's room (allowance less current, per slot) for a quiet window after a

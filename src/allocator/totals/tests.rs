@@ -186,3 +186,33 @@ fn enabling_starts_from_the_only_shard() {
     assert_eq!(s.oversize_segments.peak, 2);
     assert!(t.currents_match(&only));
 }
+
+#[test]
+fn allowances_sum_to_at_most_the_peak() {
+    // Slot of active, large pool (and its aggregate): device peak 10.
+    let slot = 2 * 3 + 2;
+    let mut peak = [0; SLOTS];
+    (peak[slot], peak[6]) = (10, 10);
+    let room = |a: &DeviceStats, b: &DeviceStats| {
+        allowances(&[a, b], &peak).map(|r| (r[0][slot], r[1][slot], r[0][NO_SLOT] > 1 << 60))
+    };
+    // Window peaks 4 + 3 <= 10: allowances 4 + 1 and 3 + 1 (the slack 3 shared
+    // evenly, rounded down), less the currents 2 and 3.
+    let (a, b) = (
+        shard(Kind::Active, StatType::LargePool, 2, 4),
+        shard(Kind::Active, StatType::LargePool, 3, 3),
+    );
+    assert_eq!(room(&a, &b), Some((3, 1, true)));
+    // Window peaks 8 + 6 > 10, currents 2 + 3: allowances 2 + 2 and 3 + 2.
+    let (a, b) = (
+        shard(Kind::Active, StatType::LargePool, 2, 8),
+        shard(Kind::Active, StatType::LargePool, 3, 6),
+    );
+    assert_eq!(room(&a, &b), Some((2, 2, true)));
+    // Currents above the peak (a window not replayed yet): no quiet mode.
+    let (a, b) = (
+        shard(Kind::Active, StatType::LargePool, 6, 6),
+        shard(Kind::Active, StatType::LargePool, 5, 5),
+    );
+    assert_eq!(room(&a, &b), None);
+}
