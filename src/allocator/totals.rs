@@ -229,9 +229,6 @@ impl StatLog {
     #[cold]
     #[inline(never)]
     pub fn record<const N: usize>(&mut self, words: [u64; N]) {
-        if self.quiet && self.stays_quiet(&words) {
-            return;
-        }
         let len = self.words.len();
         if self.words.capacity() - len <= N || len + N + 1 >= MERGE_AT {
             return self.record_slow(words);

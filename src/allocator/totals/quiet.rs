@@ -5,8 +5,8 @@
 //! device-wide peak ([`allowances`]). Then the merge clears `Shared::stats_logging`
 //! and every shard goes quiet: a change is not logged while the flag is clear and the
 //! shard stays within its allowances (`StatLog::room`, the allowance less the current
-//! value, tracked in `StatLog::record`, which the logged copies of the fast paths call
-//! anyway). While every shard is within its allowances, the sum of the currents is
+//! value, tracked by `StatLog::log_or_stay_quiet`, inlined where the logged copies of
+//! the fast paths log: constant slots, no call). While every shard is within its allowances, the sum of the currents is
 //! at most the peak: nothing that happens quietly can raise a peak.
 //!
 //! The first change that would pass a shard's allowance sets the flag (SeqCst)
@@ -47,35 +47,48 @@ use crate::stats::DeviceStats;
 const UNBOUNDED: i64 = i64::MAX / 4;
 
 impl StatLog {
-    /// In quiet mode: whether `words` (already applied to the shard's statistics) stay
-    /// unlogged. When the flag is set, or when they pass the shard's allowance (which
-    /// then sets the flag), the shard leaves quiet mode and `words` are logged.
+    /// Logs `words` (already applied to the shard's statistics, made by `pack` where
+    /// each word's statistic bits fold to constants), unless the shard is quiet and
+    /// stays so. Inlined into the logged copies: in quiet mode a group costs its room
+    /// updates (constant slots), not a call.
     #[inline(always)]
-    pub(super) fn stays_quiet(&mut self, words: &[u64]) -> bool {
-        if let Some(shared) = &self.wants_merge {
-            let flag = &shared.stats_logging;
-            if !flag.load(Ordering::Acquire) {
-                let mut fits = true;
-                for &w in words {
-                    let (own, agg, delta) = unpack(w);
-                    self.room[own] -= delta;
-                    self.room[agg] -= delta;
-                    fits &= (self.room[own] | self.room[agg]) >= 0;
+    pub fn log_or_stay_quiet<const N: usize>(&mut self, words: [u64; N]) {
+        if self.quiet {
+            if let Some(shared) = &self.wants_merge {
+                if !shared.stats_logging.load(Ordering::Acquire) {
+                    let mut fits = true;
+                    for &w in &words {
+                        let (own, agg, delta) = unpack(w);
+                        self.room[own] -= delta;
+                        self.room[agg] -= delta;
+                        fits &= (self.room[own] | self.room[agg]) >= 0;
+                    }
+                    if fits {
+                        return;
+                    }
+                    return self.pass_allowance(words);
                 }
-                if fits {
-                    return true;
-                }
-                // Logged: the base (`base`) is the value before this group.
-                for &w in words {
-                    let (own, agg, delta) = unpack(w);
-                    self.room[own] += delta;
-                    self.room[agg] += delta;
-                }
-                flag.store(true, Ordering::SeqCst);
             }
+            self.quiet = false;
+        }
+        self.record(words);
+    }
+
+    /// `words` pass the shard's allowance: sets the flag (every shard logs from its next
+    /// change) and logs them; the base (`base`) is the value before them.
+    #[cold]
+    #[inline(never)]
+    fn pass_allowance<const N: usize>(&mut self, words: [u64; N]) {
+        for &w in &words {
+            let (own, agg, delta) = unpack(w);
+            self.room[own] += delta;
+            self.room[agg] += delta;
+        }
+        if let Some(shared) = &self.wants_merge {
+            shared.stats_logging.store(true, Ordering::SeqCst);
         }
         self.quiet = false;
-        false
+        self.record(words);
     }
 
     /// Enters quiet mode with `room` (allowance less current, per slot) at a merge of
