@@ -25,6 +25,17 @@
 //! most of them so: each shard's window peak counts the other's moments) are replayed,
 //! about 20 instructions per logged change (`Totals::apply_op`).
 //!
+//! Quiet mode (`totals/quiet.rs`, issue #17's scaling target): after a merge that can
+//! give every shard, per statistic, an allowance at least its current value with the
+//! allowances summing to at most the device-wide peak, the shards log nothing while
+//! each stays within its allowances (a test of its room at constant slots where it
+//! would log, no stamp, no write to the log). The first change past an allowance sets
+//! a shared flag and is logged; every shard logs from its first change that sees the
+//! flag, until the next merge. A replay then starts from each shard's value before
+//! its first logged change (or its current value at the cut), which the quiet changes
+//! cannot have pushed above any peak; `quiet.rs` gives the linearisation argument.
+//! A steady state with several threads stays quiet from its first merge on.
+//!
 //! Stamps: `max(clock, this thread's last stamp + 1, this shard's last stamp + 1)`,
 //! taken at an operation's first logged change. They increase along each shard's lock
 //! order and along each thread's program order (so one thread alternating streams is
@@ -37,7 +48,7 @@
 //! change after the visit (`StatLog::record` sees that this thread stamped since), so
 //! its changes on both shards replay in program order, whatever the code that visits.
 //!
-//! Invariants (checked by `Totals::merge` in debug builds and by the tests): after a
+//! Invariants (checked by `Totals::replay` in debug builds and by the tests): after a
 //! merge, every device-wide current equals the sum of the shards' currents at the cut;
 //! a peak is never below its current. Memory: a log holds about `MERGE_AT` words,
 //! plus what is logged between reaching it and the next malloc (which merges:
