@@ -233,6 +233,7 @@ impl CachingAllocator {
                 let mut st = ShardState::new(stream, self.shared.clone());
                 if log {
                     st.acct.log.start();
+                    st.acct.log.start_quiet();
                 }
                 st
             })

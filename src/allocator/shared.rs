@@ -56,6 +56,10 @@ pub(crate) struct Shared {
     /// Set when a shard's statistics log is full: the next malloc merges
     /// ([`Shared::ask_merge`]).
     merge_wanted: AtomicBool,
+    /// Whether the shards log their statistics changes: cleared by a merge that
+    /// enters quiet mode (all shards locked), set by the first change that passes its
+    /// shard's allowance (`totals/quiet.rs`).
+    pub stats_logging: AtomicBool,
     /// Streams allocating to a graph-private pool (capturing): no event may be
     /// recorded on them, so lending leaves them alone.
     capturing: Mutex<Vec<StreamHandle>>,
@@ -88,6 +92,7 @@ impl Shared {
             pending_total: AtomicIsize::new(0),
             totals: Mutex::new(Totals::default()),
             merge_wanted: AtomicBool::new(false),
+            stats_logging: AtomicBool::new(true),
             capturing: Mutex::new(Vec::new()),
             capture_count: AtomicUsize::new(0),
             private_reserved: Mutex::new(PrivatePoolReserved::default()),

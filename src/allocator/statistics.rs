@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering;
 
 use super::shard::ShardState;
-use super::totals::{sum_stats, Plan, Totals};
+use super::totals::{allowances, sum_stats, Plan, Totals, SLOTS};
 use super::CachingAllocator;
 use crate::stats::DeviceStats;
 
@@ -27,7 +27,7 @@ impl CachingAllocator {
     pub fn stats(&self) -> DeviceStats {
         let mut totals = self.shared.totals.lock();
         let mut per = Vec::new();
-        self.cut(&mut totals, |st| per.push(st.stats_snapshot()));
+        self.cut(&mut totals, false, |st| per.push(st.stats_snapshot()));
         let mut out = match per.len() {
             0 => DeviceStats {
                 max_split_size: i64::try_from(self.shared.config.max_split_size)
@@ -55,7 +55,7 @@ impl CachingAllocator {
     /// per stream and device-wide, with every shard locked.
     pub fn reset_peak_stats(&self) {
         let mut totals = self.shared.totals.lock();
-        self.cut(&mut totals, |st| {
+        self.cut(&mut totals, true, |st| {
             st.acct.stats.reset_peak();
             st.acct.log.reset_saved();
         });
@@ -73,7 +73,7 @@ impl CachingAllocator {
     ///
     /// No deadlock: a thread holding a shard takes others only with `try_lock`, and
     /// nothing waits for `totals` with a shard held.
-    fn cut(&self, totals: &mut Totals, mut f: impl FnMut(&mut ShardState)) {
+    fn cut(&self, totals: &mut Totals, reset: bool, mut f: impl FnMut(&mut ShardState)) {
         let shards = self.shards.all();
         let mut guards: Vec<_> = shards.iter().map(|s| s.lock()).collect();
         guards.iter_mut().for_each(|st| f(st));
@@ -81,22 +81,40 @@ impl CachingAllocator {
             return;
         }
         let per: Vec<DeviceStats> = guards.iter().map(|st| st.acct.stats).collect();
-        let plan = totals.plan(&per.iter().collect::<Vec<_>>());
+        let refs: Vec<&DeviceStats> = per.iter().collect();
+        let plan = totals.plan(&refs);
+        // Quiet mode for the next window (`totals/quiet.rs`) when the allowances can be
+        // given: against the peaks before this window's replay (which can only raise
+        // them), or after a reset the currents.
+        let rooms = allowances(&refs, &if reset { plan.sum() } else { totals.peaks() });
+        self.shared
+            .stats_logging
+            .store(rooms.is_none(), Ordering::SeqCst);
         let mut logs = Vec::new();
-        for st in guards.iter_mut() {
+        let mut start = totals.quiet.then_some([0i64; SLOTS]);
+        for (k, st) in guards.iter_mut().enumerate() {
             let acct = &mut st.acct;
+            if let Some(start) = &mut start {
+                let base = acct.log.base(&acct.stats);
+                start.iter_mut().zip(base).for_each(|(s, b)| *s += b);
+            }
             match plan {
                 Plan::Skip(_) => acct.log.clear(),
                 Plan::Replay(_) => logs.push(acct.log.swap(totals.spare())),
             }
             acct.log.open_window(&mut acct.stats);
+            match &rooms {
+                Some(r) => acct.log.go_quiet(r[k], &acct.stats),
+                None => acct.log.go_loud(),
+            }
         }
         self.shared.take_merge();
         drop(guards);
         match plan {
             Plan::Skip(sum) => totals.skip(sum),
-            Plan::Replay(sum) => totals.replay(logs, sum),
+            Plan::Replay(sum) => totals.replay(logs, sum, start),
         }
+        totals.quiet = rooms.is_some();
     }
 
     /// Merges the statistics logs because one is full (`Shared::ask_merge`; called
@@ -106,7 +124,7 @@ impl CachingAllocator {
     pub(super) fn merge_logs(&self) {
         let mut totals = self.shared.totals.lock();
         if self.shared.merge_asked() {
-            self.cut(&mut totals, |_| {});
+            self.cut(&mut totals, false, |_| {});
         }
     }
 

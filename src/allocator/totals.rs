@@ -25,6 +25,17 @@
 //! most of them so: each shard's window peak counts the other's moments) are replayed,
 //! about 20 instructions per logged change (`Totals::apply_op`).
 //!
+//! Quiet mode (`totals/quiet.rs`, issue #17's scaling target): after a merge that can
+//! give every shard, per statistic, an allowance at least its current value with the
+//! allowances summing to at most the device-wide peak, the shards log nothing while
+//! each stays within its allowances (a test of its room at constant slots where it
+//! would log, no stamp, no write to the log). The first change past an allowance sets
+//! a shared flag and is logged; every shard logs from its first change that sees the
+//! flag, until the next merge. A replay then starts from each shard's value before
+//! its first logged change (or its current value at the cut), which the quiet changes
+//! cannot have pushed above any peak; `quiet.rs` gives the linearisation argument.
+//! A steady state with several threads stays quiet from its first merge on.
+//!
 //! Stamps: `max(clock, this thread's last stamp + 1, this shard's last stamp + 1)`,
 //! taken at an operation's first logged change. They increase along each shard's lock
 //! order and along each thread's program order (so one thread alternating streams is
@@ -37,7 +48,7 @@
 //! change after the visit (`StatLog::record` sees that this thread stamped since), so
 //! its changes on both shards replay in program order, whatever the code that visits.
 //!
-//! Invariants (checked by `Totals::merge` in debug builds and by the tests): after a
+//! Invariants (checked by `Totals::replay` in debug builds and by the tests): after a
 //! merge, every device-wide current equals the sum of the shards' currents at the cut;
 //! a peak is never below its current. Memory: a log holds about `MERGE_AT` words,
 //! plus what is logged between reaching it and the next malloc (which merges:
@@ -49,6 +60,9 @@ use std::cell::Cell;
 use std::sync::Arc;
 
 use super::shared::Shared;
+
+mod quiet;
+pub(crate) use quiet::allowances;
 
 use crate::stats::{DeviceStats, Stat, StatArray, StatType};
 
@@ -119,7 +133,7 @@ impl Kind {
 /// Device-wide slots: 9 arrays × 3 pools (`kind * 3 + pool`), then the two oversize
 /// counters (27, 28); 32 so that a 5-bit slot indexes without a bounds check. Slot
 /// [`NO_SLOT`] is never read: the aggregate slot of a change to an oversize counter.
-const SLOTS: usize = 32;
+pub(crate) const SLOTS: usize = 32;
 const NO_SLOT: usize = 31;
 
 fn slot(kind: usize, pool: usize) -> usize {
@@ -183,6 +197,14 @@ pub(crate) struct StatLog {
     /// merge (the bound that lets a merge skip its replay); its per-stream peaks are
     /// the larger of those and these, its peaks before the window.
     saved: [i64; SLOTS],
+    /// Quiet mode (`quiet.rs`): this shard has logged nothing since the last merge and
+    /// logs nothing while `Shared::stats_logging` is clear and its changes stay within
+    /// its allowances.
+    quiet: bool,
+    /// In quiet mode, per slot, the allowance less the current value.
+    room: [i64; SLOTS],
+    /// The allowances of the window (`quiet.rs`).
+    allow: [i64; SLOTS],
 }
 
 impl StatLog {
@@ -310,12 +332,22 @@ impl StatLog {
 }
 
 /// What a merge must do (`Totals::plan`), with the sums of the shards' currents.
+#[derive(Clone, Copy)]
 pub(crate) enum Plan {
     /// No peak can have risen: clear the logs in place (each stays in its shard's
     /// cache) and take the sums.
     Skip([i64; SLOTS]),
     /// Swap the logs out and replay them.
     Replay([i64; SLOTS]),
+}
+
+impl Plan {
+    /// The sums of the shards' currents at the cut.
+    pub fn sum(&self) -> [i64; SLOTS] {
+        match self {
+            Plan::Skip(s) | Plan::Replay(s) => *s,
+        }
+    }
 }
 
 /// Device-wide current values and peaks, rebuilt from the shards' logs.
@@ -326,6 +358,8 @@ pub(crate) struct Totals {
     peak: [i64; SLOTS],
     /// Emptied log buffers, swapped into the shards at the next merge.
     spare: Vec<Vec<u64>>,
+    /// Whether the window since the last merge began in quiet mode (`quiet.rs`).
+    pub quiet: bool,
 }
 
 impl Default for Totals {
@@ -335,6 +369,7 @@ impl Default for Totals {
             cur: [0; SLOTS],
             peak: [0; SLOTS],
             spare: Vec::new(),
+            quiet: false,
         }
     }
 }
@@ -364,7 +399,7 @@ impl Totals {
     pub fn merge(&mut self, logs: Vec<Vec<u64>>, shards: &[&DeviceStats]) {
         match self.plan(shards) {
             Plan::Skip(sum) => self.cur = sum,
-            Plan::Replay(sum) => self.replay(logs, sum),
+            Plan::Replay(sum) => self.replay(logs, sum, None),
         }
     }
 
@@ -399,7 +434,13 @@ impl Totals {
 
     /// Ends a merge by replaying `logs` (which end at currents `sum`); keeps their
     /// buffers for reuse.
-    pub fn replay(&mut self, logs: Vec<Vec<u64>>, sum: [i64; SLOTS]) {
+    /// `start`: where the quiet changes left the shards, the sums of their bases, in a
+    /// window that began in quiet mode (`quiet.rs`); else the last merge's currents.
+    pub fn replay(&mut self, logs: Vec<Vec<u64>>, sum: [i64; SLOTS], start: Option<[i64; SLOTS]>) {
+        if let Some(start) = start {
+            self.cur = start;
+            self.cur[NO_SLOT] = 0;
+        }
         self.apply_logs(&logs);
         (self.cur[NO_SLOT], self.peak[NO_SLOT]) = (0, 0);
         debug_assert_eq!(self.cur, sum, "the logs replay to the shards' sums");
@@ -459,6 +500,11 @@ impl Totals {
             peak[agg] = peak[agg].max(cur[agg]);
         }
         words.len()
+    }
+
+    /// The device-wide peaks (as of the last merge's end).
+    pub fn peaks(&self) -> [i64; SLOTS] {
+        self.peak
     }
 
     /// Sets every peak to its current value (PyTorch's `resetPeakStats`).
@@ -605,191 +651,4 @@ mod clock {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Logs `changes` to `pool` as the statistics updates do.
-    fn rec<const N: usize>(l: &mut StatLog, pool: StatType, changes: [(Kind, i64); N]) {
-        l.record(changes.map(|(k, d)| pack(k, pool, d)));
-    }
-
-    fn log() -> StatLog {
-        StatLog {
-            on: true,
-            ..StatLog::default()
-        }
-    }
-
-    #[test]
-    fn words_round_trip() {
-        for d in [0i64, 1, -1, 4 << 20, -(4 << 20), (1 << 52) - 1, -(1 << 52)] {
-            let w = pack(Kind::RequestedBytes, StatType::LargePool, d);
-            assert_eq!(w & HEADER, 0);
-            assert_eq!(unpack(w), (8 * 3 + 2, 8 * 3, d));
-        }
-        let w = pack(Kind::OversizeSegments, StatType::Aggregate, -3);
-        assert_eq!(unpack(w), (28, NO_SLOT, -3));
-    }
-
-    /// A shard's statistics with `kind` in `pool` at `current`, window peak `peak`.
-    fn shard(kind: Kind, pool: StatType, current: i64, peak: i64) -> DeviceStats {
-        let mut s = DeviceStats::default();
-        for p in [StatType::Aggregate, pool] {
-            let st = kind.stat_mut(&mut s, p);
-            (st.current, st.peak) = (current, peak);
-        }
-        s
-    }
-
-    #[test]
-    fn interleaved_logs_give_the_peak_of_the_sum() {
-        // One thread: +4 on shard a, +6 on shard b, -4 on a, +1 on b. The sum peaks at
-        // 10 after the second change; each shard's own peak (4, 7) says less.
-        let (mut a, mut b) = (log(), log());
-        let steps: [(bool, i64); 4] = [(true, 4), (false, 6), (true, -4), (false, 1)];
-        for (on_a, d) in steps {
-            let l = if on_a { &mut a } else { &mut b };
-            l.begin_op();
-            rec(l, StatType::SmallPool, [(Kind::AllocatedBytes, d)]);
-        }
-        let mut t = Totals::default();
-        t.enable(None);
-        let (sa, sb) = (
-            shard(Kind::AllocatedBytes, StatType::SmallPool, 0, 4),
-            shard(Kind::AllocatedBytes, StatType::SmallPool, 7, 7),
-        );
-        t.merge(vec![a.swap(Vec::new()), b.swap(Vec::new())], &[&sa, &sb]);
-        let mut s = DeviceStats::default();
-        t.fill(&mut s);
-        let cp = |x: Stat| (x.current, x.peak);
-        assert_eq!(cp(s.allocated_bytes[0]), (7, 10));
-        assert_eq!(cp(s.allocated_bytes[1]), (7, 10));
-        assert_eq!(cp(s.allocated_bytes[2]), (0, 0));
-        t.reset_peak();
-        t.fill(&mut s);
-        assert_eq!(cp(s.allocated_bytes[0]), (7, 7));
-    }
-
-    #[test]
-    fn a_window_that_cannot_raise_a_peak_is_not_replayed() {
-        // Device peak 10; the shards' window peaks sum to 9: the merge takes the sums
-        // of the currents and skips the log (whose words are made up here: a replay
-        // would raise the peak to 20).
-        let mut t = Totals::default();
-        t.enable(Some(&shard(Kind::Active, StatType::LargePool, 5, 10)));
-        let mut a = log();
-        a.begin_op();
-        rec(
-            &mut a,
-            StatType::LargePool,
-            [(Kind::Active, 15), (Kind::Active, -12)],
-        );
-        let (sa, sb) = (
-            shard(Kind::Active, StatType::LargePool, 3, 5),
-            shard(Kind::Active, StatType::LargePool, 4, 4),
-        );
-        t.merge(vec![a.swap(Vec::new())], &[&sa, &sb]);
-        let mut s = DeviceStats::default();
-        t.fill(&mut s);
-        assert_eq!((s.active[0].current, s.active[0].peak), (7, 10));
-        assert_eq!((s.active[2].current, s.active[2].peak), (7, 10));
-    }
-
-    #[test]
-    fn an_operation_replays_in_order_and_a_visit_to_another_shard_splits_it() {
-        // Lending a segment: shard a's operation logs a change, then takes 5 bytes of
-        // reserve from shard b (b: -5) and adds them (a: +5). The truth never exceeds
-        // 5; had a's +5 shared a's first stamp (no new header after the visit: this
-        // thread stamped b since), it would replay before b's -5: a false peak of 10.
-        let (mut a, mut b) = (log(), log());
-        let mut t = Totals::default();
-        t.enable(Some(&shard(Kind::ReservedBytes, StatType::LargePool, 5, 5)));
-        a.begin_op();
-        rec(&mut a, StatType::SmallPool, [(Kind::Active, 1)]);
-        b.begin_op();
-        rec(&mut b, StatType::LargePool, [(Kind::ReservedBytes, -5)]);
-        rec(&mut a, StatType::LargePool, [(Kind::ReservedBytes, 5)]);
-        let mut sa = shard(Kind::ReservedBytes, StatType::LargePool, 5, 5);
-        let one = Stat {
-            current: 1,
-            peak: 1,
-            ..Stat::default()
-        };
-        (sa.active[0], sa.active[1]) = (one, one);
-        let sb = shard(Kind::ReservedBytes, StatType::LargePool, 0, 5);
-        t.merge(vec![a.swap(Vec::new()), b.swap(Vec::new())], &[&sa, &sb]);
-        let mut s = DeviceStats::default();
-        t.fill(&mut s);
-        assert_eq!(
-            (s.reserved_bytes[0].current, s.reserved_bytes[0].peak),
-            (5, 5)
-        );
-        assert_eq!((s.active[0].current, s.active[0].peak), (1, 1));
-    }
-
-    #[test]
-    fn a_reserved_log_writes_each_operation_after_its_header() {
-        // `start` reserves the window: `record` writes in place (its leaf path).
-        let mut l = log();
-        l.start();
-        l.begin_op();
-        rec(
-            &mut l,
-            StatType::SmallPool,
-            [(Kind::Active, 1), (Kind::ActiveBytes, 512)],
-        );
-        rec(&mut l, StatType::LargePool, [(Kind::Segment, -1)]);
-        l.begin_op();
-        rec(&mut l, StatType::SmallPool, [(Kind::Allocation, 2)]);
-        let w = &l.words;
-        assert_eq!(w.len(), 6);
-        assert!(w[0] & HEADER != 0 && w[4] & HEADER != 0 && w[0] < w[4]);
-        assert_eq!(unpack(w[1]), (2 * 3 + 1, 2 * 3, 1));
-        assert_eq!(unpack(w[2]), (6 * 3 + 1, 6 * 3, 512));
-        assert_eq!(unpack(w[3]), (3 + 2, 3, -1));
-        assert_eq!(unpack(w[5]), (1, 0, 2));
-        assert!(w[1..4].iter().chain(&w[5..]).all(|x| x & HEADER == 0));
-        assert_eq!(l.words.capacity(), MERGE_AT + 64, "no growth");
-    }
-
-    #[test]
-    fn a_reserved_full_log_asks_for_a_merge_once() {
-        let mut l = log();
-        l.start();
-        l.begin_op();
-        for _ in 0..MERGE_AT - 2 {
-            rec(&mut l, StatType::SmallPool, [(Kind::Active, 1)]);
-        }
-        assert!(!l.asked);
-        rec(&mut l, StatType::SmallPool, [(Kind::Active, 1)]);
-        assert!(l.asked && l.words.len() == MERGE_AT);
-    }
-
-    #[test]
-    fn a_full_log_asks_for_a_merge_once() {
-        let mut l = log();
-        l.begin_op();
-        for _ in 0..MERGE_AT - 2 {
-            rec(&mut l, StatType::SmallPool, [(Kind::Active, 1)]);
-        }
-        assert!(!l.asked);
-        rec(&mut l, StatType::SmallPool, [(Kind::Active, 1)]);
-        assert!(l.asked);
-    }
-
-    #[test]
-    fn enabling_starts_from_the_only_shard() {
-        let mut only = DeviceStats::default();
-        crate::stats::increase(&mut only.active_bytes, StatType::LargePool, 8);
-        crate::stats::decrease(&mut only.active_bytes, StatType::LargePool, 3);
-        only.oversize_segments.increase(2);
-        let mut t = Totals::default();
-        t.enable(Some(&only));
-        let mut s = DeviceStats::default();
-        t.fill(&mut s);
-        assert_eq!((s.active_bytes[0].current, s.active_bytes[0].peak), (5, 8));
-        assert_eq!((s.active_bytes[2].current, s.active_bytes[2].peak), (5, 8));
-        assert_eq!(s.oversize_segments.peak, 2);
-        assert!(t.currents_match(&only));
-    }
-}
+mod tests;

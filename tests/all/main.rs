@@ -9,6 +9,7 @@ mod cli;
 mod common;
 mod cross_stream;
 mod exact_stats;
+mod exact_stats_quiet;
 mod expandable;
 mod fake_acl;
 mod faults;

@@ -172,7 +172,7 @@ impl Accounting {
             StatType::Aggregate => self.add_all::<0, N>(changes),
         }
         if logged {
-            self.log.record(words(pool, changes, 1));
+            self.log.log_or_stay_quiet(words(pool, changes, 1));
         }
     }
 
@@ -198,7 +198,7 @@ impl Accounting {
             StatType::Aggregate => self.sub_all::<0, N>(changes),
         }
         if logged {
-            self.log.record(words(pool, changes, -1));
+            self.log.log_or_stay_quiet(words(pool, changes, -1));
         }
     }
 
