@@ -69,17 +69,22 @@ impl ShardState {
         Ok(())
     }
 
-    /// Releases every free whole segment of every stream and pool.
-    pub(super) fn release_free_segments(&mut self) -> Result<(), Error> {
-        let index = self.index;
-        let whole: Vec<BlockId> = self
-            .pools
+    /// The cached free blocks that are whole segments, in releasable pools; with
+    /// `clean_only`, only those that need no host wait (not dirty).
+    fn cached_whole_segments(&self, clean_only: bool) -> Vec<BlockId> {
+        self.pools
             .iter()
             .filter(|(tag, _)| self.pool_releasable(**tag))
             .flat_map(|(_, p)| p.small.iter().chain(p.large.iter()))
             .map(|(_, _, id)| id)
-            .filter(|&id| self.is_whole_segment(id))
-            .collect();
+            .filter(|&id| self.is_whole_segment(id) && !(clean_only && self.is_dirty(id)))
+            .collect()
+    }
+
+    /// Releases every free whole segment of every stream and pool.
+    pub(super) fn release_free_segments(&mut self) -> Result<(), Error> {
+        let index = self.index;
+        let whole = self.cached_whole_segments(false);
         self.vm_release_free(usize::MAX, 0);
         let mut result = self.vm_release_reservations();
         if whole.is_empty() {
@@ -103,14 +108,7 @@ impl ShardState {
         self.process_events();
         self.poll_fences();
         self.flush_hot();
-        let whole: Vec<BlockId> = self
-            .pools
-            .iter()
-            .filter(|(tag, _)| self.pool_releasable(**tag))
-            .flat_map(|(_, p)| p.small.iter().chain(p.large.iter()))
-            .map(|(_, _, id)| id)
-            .filter(|&id| self.is_whole_segment(id) && !self.is_dirty(id))
-            .collect();
+        let whole = self.cached_whole_segments(true);
         if whole.is_empty() || self.dev.drain_before_free(self.index).is_err() {
             return false;
         }
