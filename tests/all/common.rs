@@ -115,3 +115,16 @@ pub fn build_c_library(src: &str, flags: &[&str], out: &std::path::Path) {
         .expect("run cc to build a test library");
     assert!(status.success(), "building {} failed", src.display());
 }
+
+/// `n` streams for `n` threads: the default stream, then `n - 1` new streams of `sim`.
+pub fn default_and_new_streams(sim: &SimDevice, n: usize) -> Vec<StreamHandle> {
+    (0..n)
+        .map(|i| {
+            if i == 0 {
+                StreamHandle::DEFAULT
+            } else {
+                sim.create_stream(0).unwrap()
+            }
+        })
+        .collect()
+}

@@ -332,15 +332,7 @@ fn threads_on_own_streams(conf: &str) {
     const ROUNDS: usize = 12;
     let (sim, a) = with(1 << 34, SimMode::Manual, false, conf);
     let a = Arc::new(a);
-    let streams: Vec<StreamHandle> = (0..THREADS)
-        .map(|t| {
-            if t == 0 {
-                MAIN
-            } else {
-                sim.create_stream(0).unwrap()
-            }
-        })
-        .collect();
+    let streams = default_and_new_streams(&sim, THREADS);
     // A round's allocations are all live at its first barrier and all freed before the
     // next round's start: the true peak is the largest round total, in any order of
     // the threads' operations consistent with the barriers.
@@ -421,15 +413,7 @@ fn free_running_threads_keep_currents_exact_and_peaks_bounded() {
     const THREADS: usize = 3;
     let (sim, a) = with(1 << 34, SimMode::Manual, false, "");
     let a = Arc::new(a);
-    let streams: Vec<StreamHandle> = (0..THREADS)
-        .map(|t| {
-            if t == 0 {
-                MAIN
-            } else {
-                sim.create_stream(0).unwrap()
-            }
-        })
-        .collect();
+    let streams = default_and_new_streams(&sim, THREADS);
     let workers: Vec<_> = (0..THREADS)
         .map(|t| {
             let (a, stream) = (a.clone(), streams[t]);

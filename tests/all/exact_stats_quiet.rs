@@ -10,8 +10,6 @@ use npualloc::{CachingAllocator, DevicePtr, StreamHandle};
 
 use crate::common::*;
 
-const MAIN: StreamHandle = StreamHandle::DEFAULT;
-
 /// Requested bytes and allocation counts, all / small / large, as
 /// `(current, peak)` pairs.
 fn tracked(s: &DeviceStats) -> [(i64, i64); 6] {
@@ -61,15 +59,7 @@ struct Driver {
 impl Driver {
     fn new(n: usize, conf: &str) -> Self {
         let (sim, a) = with(1 << 36, SimMode::Manual, false, conf);
-        let streams = (0..n)
-            .map(|i| {
-                if i == 0 {
-                    MAIN
-                } else {
-                    sim.create_stream(0).unwrap()
-                }
-            })
-            .collect();
+        let streams = default_and_new_streams(&sim, n);
         Driver {
             a,
             streams,
@@ -220,15 +210,7 @@ fn threads_between_queries(conf: &str) {
     const ROUNDS: usize = 40;
     let (sim, a) = with(1 << 36, SimMode::Manual, false, conf);
     let a = Arc::new(a);
-    let streams: Vec<StreamHandle> = (0..THREADS)
-        .map(|t| {
-            if t == 0 {
-                MAIN
-            } else {
-                sim.create_stream(0).unwrap()
-            }
-        })
-        .collect();
+    let streams = default_and_new_streams(&sim, THREADS);
     let barrier = Arc::new(Barrier::new(THREADS + 1));
     let workers: Vec<_> = (0..THREADS)
         .map(|t| {
