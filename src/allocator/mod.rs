@@ -225,6 +225,8 @@ impl CachingAllocator {
                 let acct = &mut st.acct;
                 acct.log.start();
                 acct.log.open_window(&mut acct.stats);
+                // Every shard logs until a merge can give allowances (`totals/quiet.rs`).
+                self.shared.stats_logging.store(true, Ordering::SeqCst);
             }
         }
         let log = totals.enabled;

@@ -17,10 +17,11 @@ use crate::pool::{BlockId, Phase};
 use crate::stats::StatType;
 
 impl ShardState {
-    /// A caller's free of allocated block `id`. With the statistics log on, a copy of
+    /// A caller's free of allocated block `id`. Loads the statistics flag once (it
+    /// visits no other shard; its last group is the only increase): when set, a copy of
     /// its own (out of line) runs instead, as `alloc_found_block` does.
     pub fn free(&mut self, id: BlockId) {
-        if self.acct.log.on {
+        if self.acct.logging_by(&self.shared.stats_logging) {
             return self.free_logged(id);
         }
         self.free_as::<false>(id);

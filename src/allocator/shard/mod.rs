@@ -40,6 +40,7 @@ pub use capture::PrivatePool;
 use lazy_merge::LazyMerge;
 
 use rustc_hash::FxHashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use slab::Slab;
@@ -134,7 +135,7 @@ pub(super) struct Accounting {
 
 impl Accounting {
     /// Adds `amount` to `kind` in `pool` and in the aggregate (the oversize counters
-    /// take [`StatType::Aggregate`]), and logs the change.
+    /// take [`StatType::Aggregate`]), logged or not as the flag says.
     #[inline(always)]
     pub fn increase(&mut self, kind: Kind, pool: StatType, amount: usize) {
         self.increase_all(pool, &[(kind, amount)]);
@@ -146,44 +147,83 @@ impl Accounting {
         self.decrease_all(pool, &[(kind, amount)]);
     }
 
-    /// Several increases in `pool`, in order, with one test of the log (the fast paths
-    /// make their changes in groups: with one shard this costs what the plain
-    /// statistics did, plus one test).
+    /// Whether the changes about to be made are logged: one load of
+    /// `Shared::stats_logging` (`../totals/quiet.rs`); a quiet shard that sees it set
+    /// turns loud. The slow paths call it per group of changes (a visit to another
+    /// shard may come between two groups); the hot functions once per operation,
+    /// through [`logging_by`](Self::logging_by).
     #[inline(always)]
-    pub fn increase_all<const N: usize>(&mut self, pool: StatType, changes: &[(Kind, usize); N]) {
-        self.increase_all_as(self.log.on, pool, changes);
+    pub fn logging(&mut self) -> bool {
+        let on = self.log.flag();
+        self.heed(on)
     }
 
-    /// `increase_all` where the caller knows whether the log is on (`logged`, a
-    /// constant in the copies `free_lists.rs` dispatches to: no test at all).
+    /// [`logging`](Self::logging) with the flag at hand (`flag`: the shard's
+    /// `Shared::stats_logging`, one load fewer than through the log).
+    #[inline(always)]
+    pub fn logging_by(&mut self, flag: &AtomicBool) -> bool {
+        let on = flag.load(Ordering::Acquire);
+        self.heed(on)
+    }
+
+    #[inline(always)]
+    fn heed(&mut self, on: bool) -> bool {
+        if on && !self.log.is_loud() {
+            self.log.wake(&self.stats);
+        }
+        on
+    }
+
+    /// Several increases in `pool`, in order, with one load of the flag (the fast paths
+    /// make their changes in groups: a shard that logs nothing pays one test per group).
+    #[inline(always)]
+    pub fn increase_all<const N: usize>(&mut self, pool: StatType, changes: &[(Kind, usize); N]) {
+        let logged = self.logging();
+        self.increase_all_as(logged, pool, changes);
+    }
+
+    /// `increase_all` where the caller knows whether the changes are logged (`logged`, a
+    /// constant in the copies `free_lists.rs` dispatches to: no test at all). Returns
+    /// whether the shard logs from now on: `logged`, or a quiet shard's group that
+    /// passed its allowance (the changes after it, in the same operation, are logged).
+    ///
+    /// Each statistic's new value is compared with its peak, the group's comparisons
+    /// together (`peak - current` or-ed: negative when one passed), and a pass takes
+    /// the cold handler `StatLog::over_peak` with the group's words, which raises the
+    /// peaks and tests the allowances (`../totals/quiet.rs`).
     #[inline(always)]
     pub fn increase_all_as<const N: usize>(
         &mut self,
         logged: bool,
         pool: StatType,
         changes: &[(Kind, usize); N],
-    ) {
-        debug_assert_eq!(logged, self.log.on);
+    ) -> bool {
+        debug_assert_eq!(logged, self.log.is_loud(), "a loud shard logs every change");
         // One branch on the pool, then every statistic at a constant offset (a pool
         // index known only at run time is recomputed for each statistic).
-        match pool {
+        let slack = match pool {
             StatType::SmallPool => self.add_all::<1, N>(changes),
             StatType::LargePool => self.add_all::<2, N>(changes),
             StatType::Aggregate => self.add_all::<0, N>(changes),
+        };
+        if slack < 0 && self.log.over_peak(&mut self.stats, words(pool, changes, 1)) {
+            return true;
         }
         if logged {
-            self.log.log_or_stay_quiet(words(pool, changes, 1));
+            self.log.record(words(pool, changes, 1));
         }
+        logged
     }
 
-    /// Several decreases in `pool`, in order, with one test of the log.
+    /// Several decreases in `pool`, in order, with one load of the flag.
     #[inline(always)]
     pub fn decrease_all<const N: usize>(&mut self, pool: StatType, changes: &[(Kind, usize); N]) {
-        self.decrease_all_as(self.log.on, pool, changes);
+        let logged = self.logging();
+        self.decrease_all_as(logged, pool, changes);
     }
 
-    /// `decrease_all` where the caller knows whether the log is on (see
-    /// `increase_all_as`).
+    /// `decrease_all` where the caller knows whether the changes are logged (see
+    /// `increase_all_as`; a decrease passes no peak and no allowance).
     #[inline(always)]
     pub fn decrease_all_as<const N: usize>(
         &mut self,
@@ -191,37 +231,45 @@ impl Accounting {
         pool: StatType,
         changes: &[(Kind, usize); N],
     ) {
-        debug_assert_eq!(logged, self.log.on);
+        debug_assert_eq!(logged, self.log.is_loud(), "a loud shard logs every change");
         match pool {
             StatType::SmallPool => self.sub_all::<1, N>(changes),
             StatType::LargePool => self.sub_all::<2, N>(changes),
             StatType::Aggregate => self.sub_all::<0, N>(changes),
         }
         if logged {
-            self.log.log_or_stay_quiet(words(pool, changes, -1));
+            self.log.record(words(pool, changes, -1));
         }
     }
 
-    /// `increase_all`'s updates, pool `P`.
+    /// `increase_all`'s updates, pool `P`; returns the or of every changed statistic's
+    /// `peak - current` (negative when one passed its peak).
     #[inline(always)]
-    fn add_all<const P: usize, const N: usize>(&mut self, changes: &[(Kind, usize); N]) {
+    fn add_all<const P: usize, const N: usize>(&mut self, changes: &[(Kind, usize); N]) -> i64 {
+        let mut slack = 0;
         for &(kind, amount) in changes {
+            let a = amount as i64;
             match kind.array_mut(&mut self.stats) {
                 Some(arr) => {
                     debug_assert_ne!(P, 0, "a change to an array names its pool");
                     // The aggregate's `allocated` is the pools' sum (`snapshot`).
                     let agg = &mut arr[StatType::Aggregate as usize];
-                    agg.current += amount as i64;
-                    if agg.current > agg.peak {
-                        agg.peak = agg.current;
-                    }
-                    arr[P].increase(amount);
+                    agg.current += a;
+                    slack |= agg.peak - agg.current;
+                    let own = &mut arr[P];
+                    own.current += a;
+                    own.allocated += a;
+                    slack |= own.peak - own.current;
                 }
-                None => kind
-                    .stat_mut(&mut self.stats, StatType::Aggregate)
-                    .increase(amount),
+                None => {
+                    let s = kind.stat_mut(&mut self.stats, StatType::Aggregate);
+                    s.current += a;
+                    s.allocated += a;
+                    slack |= s.peak - s.current;
+                }
             }
         }
+        slack
     }
 
     /// `decrease_all`'s updates, pool `P`: `current` only (see [`stats`](Self::stats)).
@@ -334,7 +382,7 @@ impl ShardState {
     pub fn new(stream: StreamHandle, shared: Arc<Shared>) -> Self {
         let mut known_streams = FxHashSet::default();
         known_streams.insert(StreamHandle::DEFAULT);
-        let log = StatLog::new(false, shared.clone());
+        let log = StatLog::new(shared.clone());
         ShardState {
             stream,
             dev: shared.device.clone(),

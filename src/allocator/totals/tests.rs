@@ -9,7 +9,7 @@ fn rec<const N: usize>(l: &mut StatLog, pool: StatType, changes: [(Kind, i64); N
 
 fn log() -> StatLog {
     StatLog {
-        on: true,
+        mode: Mode::Loud,
         ..StatLog::default()
     }
 }
