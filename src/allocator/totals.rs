@@ -138,7 +138,7 @@ impl Kind {
 /// counters (27, 28); 32 so that a 5-bit slot indexes without a bounds check. Slot
 /// [`NO_SLOT`] is never read: the aggregate slot of a change to an oversize counter.
 pub(crate) const SLOTS: usize = 32;
-const NO_SLOT: usize = 31;
+pub(crate) const NO_SLOT: usize = 31;
 
 fn slot(kind: usize, pool: usize) -> usize {
     if kind < 9 {
@@ -174,7 +174,7 @@ pub(crate) fn pack(kind: Kind, pool: StatType, delta: i64) -> u64 {
 
 /// (slot, aggregate's slot, signed amount) of a change word.
 #[inline(always)]
-fn unpack(w: u64) -> (usize, usize, i64) {
+pub(crate) fn unpack(w: u64) -> (usize, usize, i64) {
     let own = ((w >> 58) & 0x1F) as usize;
     let agg = ((w >> AMOUNT_BITS) & 0x1F) as usize;
     // Sign-extend the amount.
@@ -605,7 +605,7 @@ fn for_slots(stats: &mut DeviceStats, mut f: impl FnMut(usize, &mut Stat)) {
 }
 
 /// The statistic of `stats` that slot `i` names (not [`NO_SLOT`]).
-fn stat_at(stats: &mut DeviceStats, i: usize) -> &mut Stat {
+pub(crate) fn stat_at(stats: &mut DeviceStats, i: usize) -> &mut Stat {
     debug_assert_ne!(i, NO_SLOT);
     match i < 27 {
         true => KINDS[i / 3].stat_mut(stats, pool_of(i % 3)),

@@ -46,7 +46,7 @@ use std::sync::Arc;
 use slab::Slab;
 
 use super::shared::Shared;
-use super::totals::{pack, Kind, StatLog};
+use super::totals::{pack, stat_at, unpack, Kind, Mode, StatLog, NO_SLOT};
 use crate::device::{Device, DeviceIndex, DevicePtr, StreamHandle};
 use crate::error::Error;
 use crate::pool::{Block, BlockId, PoolTag, PtrTable, StreamMap, VmSegment};
@@ -158,10 +158,15 @@ impl Accounting {
         self.heed(on)
     }
 
-    /// [`logging`](Self::logging) with the flag at hand (`flag`: the shard's
-    /// `Shared::stats_logging`, one load fewer than through the log).
+    /// [`logging`](Self::logging) for the hot functions: `flag` is the shard's
+    /// `Shared::stats_logging` (one load fewer than through the log), not loaded at
+    /// all while the logs are off (one stream: a test of the shard's own mode, as
+    /// before quiet mode).
     #[inline(always)]
     pub fn logging_by(&mut self, flag: &AtomicBool) -> bool {
+        if self.log.mode == Mode::Off {
+            return false;
+        }
         let on = flag.load(Ordering::Acquire);
         self.heed(on)
     }
@@ -187,10 +192,10 @@ impl Accounting {
     /// whether the shard logs from now on: `logged`, or a quiet shard's group that
     /// passed its allowance (the changes after it, in the same operation, are logged).
     ///
-    /// Each statistic's new value is compared with its peak, the group's comparisons
-    /// together (`peak - current` or-ed: negative when one passed), and a pass takes
-    /// the cold handler `StatLog::over_peak` with the group's words, which raises the
-    /// peaks and tests the allowances (`../totals/quiet.rs`).
+    /// Each statistic's new value is compared with its peak (and raises it), as without
+    /// the logs; a group that raised one takes the cold handler with the group's words,
+    /// which tests a quiet shard's allowances (`StatLog::over_peak`,
+    /// `../totals/quiet.rs`).
     #[inline(always)]
     pub fn increase_all_as<const N: usize>(
         &mut self,
@@ -201,12 +206,12 @@ impl Accounting {
         debug_assert_eq!(logged, self.log.is_loud(), "a loud shard logs every change");
         // One branch on the pool, then every statistic at a constant offset (a pool
         // index known only at run time is recomputed for each statistic).
-        let slack = match pool {
-            StatType::SmallPool => self.add_all::<1, N>(changes),
-            StatType::LargePool => self.add_all::<2, N>(changes),
-            StatType::Aggregate => self.add_all::<0, N>(changes),
+        let passed = match pool {
+            StatType::SmallPool => self.add_all::<1, N>(pool, changes),
+            StatType::LargePool => self.add_all::<2, N>(pool, changes),
+            StatType::Aggregate => self.add_all::<0, N>(pool, changes),
         };
-        if slack < 0 && self.log.over_peak(&mut self.stats, words(pool, changes, 1)) {
+        if passed {
             return true;
         }
         if logged {
@@ -242,12 +247,17 @@ impl Accounting {
         }
     }
 
-    /// `increase_all`'s updates, pool `P`; returns the or of every changed statistic's
-    /// `peak - current` (negative when one passed its peak).
+    /// `increase_all`'s updates, pool `P` (`pool`). Each new value is compared with its
+    /// peak, a compare and a branch per statistic as the plain peak update was; a
+    /// value past its peak leaves the group to the cold [`rose`](Self::rose) (which
+    /// makes the rest of it). Returns whether that logged the group.
     #[inline(always)]
-    fn add_all<const P: usize, const N: usize>(&mut self, changes: &[(Kind, usize); N]) -> i64 {
-        let mut slack = 0;
-        for &(kind, amount) in changes {
+    fn add_all<const P: usize, const N: usize>(
+        &mut self,
+        pool: StatType,
+        changes: &[(Kind, usize); N],
+    ) -> bool {
+        for (i, &(kind, amount)) in changes.iter().enumerate() {
             let a = amount as i64;
             match kind.array_mut(&mut self.stats) {
                 Some(arr) => {
@@ -255,21 +265,53 @@ impl Accounting {
                     // The aggregate's `allocated` is the pools' sum (`snapshot`).
                     let agg = &mut arr[StatType::Aggregate as usize];
                     agg.current += a;
-                    slack |= agg.peak - agg.current;
+                    if agg.current > agg.peak {
+                        return self.rose(i, true, words(pool, changes, 1));
+                    }
                     let own = &mut arr[P];
                     own.current += a;
                     own.allocated += a;
-                    slack |= own.peak - own.current;
+                    if own.current > own.peak {
+                        return self.rose(i + 1, false, words(pool, changes, 1));
+                    }
                 }
                 None => {
                     let s = kind.stat_mut(&mut self.stats, StatType::Aggregate);
                     s.current += a;
                     s.allocated += a;
-                    slack |= s.peak - s.current;
+                    if s.current > s.peak {
+                        return self.rose(i + 1, false, words(pool, changes, 1));
+                    }
                 }
             }
         }
-        slack
+        false
+    }
+
+    /// An increase group (`words`) took a value past its peak: its first `done` changes
+    /// are made, and change `done`'s aggregate too when `agg_done`. Makes the rest,
+    /// raises the peaks, and tests a quiet shard's allowances (`StatLog::over_peak`).
+    /// Returns whether the group was logged.
+    #[cold]
+    #[inline(never)]
+    fn rose<const N: usize>(&mut self, done: usize, agg_done: bool, words: [u64; N]) -> bool {
+        for (k, &w) in words.iter().enumerate().skip(done) {
+            let (own, agg, delta) = unpack(w);
+            let s = stat_at(&mut self.stats, own);
+            s.current += delta;
+            s.allocated += delta;
+            if agg != NO_SLOT && !(k == done && agg_done) {
+                stat_at(&mut self.stats, agg).current += delta;
+            }
+        }
+        for &w in &words {
+            let (own, agg, _) = unpack(w);
+            for i in [own, agg].into_iter().filter(|&i| i != NO_SLOT) {
+                let s = stat_at(&mut self.stats, i);
+                s.peak = s.peak.max(s.current);
+            }
+        }
+        self.log.over_peak(&self.stats, words)
     }
 
     /// `decrease_all`'s updates, pool `P`: `current` only (see [`stats`](Self::stats)).

@@ -13,20 +13,22 @@
 //! changes are logged is one load of the flag: set → the logged copy (a quiet shard
 //! wakes first: it turns loud, its base is its value then); clear → the plain copy,
 //! the one a shard that logs nothing runs. The two hot functions (a found block handed
-//! out, a caller's free) load it once per operation, every other change once per
+//! out, a caller's free) load it once per operation (and not at all while the logs
+//! are off: one stream tests its own mode, as before), every other change once per
 //! group. The allowance test costs nothing either: an increase already compares each
 //! statistic's new value with its peak, and a quiet shard's (window) peak is never
 //! above its allowance (it starts at the current value at the merge, at most the
 //! allowance, and rises quietly only within it), so a value past its allowance is
-//! past its peak: the comparison (with a group's comparisons tested together) takes
-//! a cold, out-of-line handler, [`StatLog::over_peak`], which raises the peaks and,
-//! when the shard is quiet and a value passed its allowance, *passes the allowance*:
-//! sets the flag (SeqCst) before logging, turns loud with as base its values before
-//! the group (the current values less the group's changes, which the handler gets
-//! as the group's words, constants at the call site), and logs the group. From then
-//! on the shard logs every change (a group after the pass, in the same plain copy,
-//! is told so by the handler's return), and so does every other shard from its first
-//! load of the flag that sees it set. Decreases cost nothing extra. A shard created in
+//! past its peak. That comparison's branch, not taken at steady state, leaves the
+//! group for a cold, out-of-line handler (`Accounting::rose`, given the group's
+//! words, constants at the call site, and how much of the group is made), which
+//! makes the rest of the group, raises the peaks and calls [`StatLog::over_peak`]:
+//! when the shard is quiet and a value passed its allowance, it *passes the
+//! allowance*: sets the flag (SeqCst) before logging, turns loud with as base its
+//! values before the group (the current values less the group's changes), and logs
+//! the whole group. From then on the shard logs every change (a group after the
+//! pass, in the same plain copy, is told so by the handler's return), and so does
+//! every other shard from its first load of the flag that sees it set. Decreases cost nothing extra. A shard created in
 //! quiet mode has no allowance: its first increase passes it.
 //!
 //! Replay (`Totals::replay`) starts from the sums of the shards' bases (each shard's
@@ -49,7 +51,7 @@
 //! tested against the allowance by the peak comparison), so it raises no peak; it
 //! ends at the bases; the logged suffix is ordered by stamps as before. Visits change
 //! the visited shard's statistics through its own log, so they obey its mode and
-//! allowance. Per-stream peaks stay exact: the handler raises a shard's own peaks
+//! allowance. Per-stream peaks stay exact: an increase raises the shard's own peaks
 //! whatever its mode.
 //!
 //! Orderings: the loads are Acquire (only per-location coherence and the
@@ -98,31 +100,30 @@ impl StatLog {
     }
 
     /// An increase group (`words`, already applied to `stats`, the shard's own
-    /// statistics) took a value past its peak: raises the peaks and, when the shard is
+    /// statistics, whose peaks were raised) took a value past its peak: when the shard is
     /// quiet and a value passed its allowance, passes it (see the module doc). Returns
     /// whether it logged the group (the shard is loud from now on).
     #[cold]
     #[inline(never)]
-    pub fn over_peak<const N: usize>(&mut self, stats: &mut DeviceStats, words: [u64; N]) -> bool {
+    pub fn over_peak<const N: usize>(&mut self, stats: &DeviceStats, words: [u64; N]) -> bool {
+        if self.mode != Mode::Quiet {
+            return false;
+        }
+        let mut stats = *stats;
         let mut passed = false;
         for &w in &words {
             let (own, agg, _) = unpack(w);
-            for i in [own, agg] {
-                if i == NO_SLOT {
-                    continue;
-                }
-                let s = stat_at(stats, i);
-                s.peak = s.peak.max(s.current);
-                passed |= s.current > self.allow[i];
+            for i in [own, agg].into_iter().filter(|&i| i != NO_SLOT) {
+                passed |= stat_at(&mut stats, i).current > self.allow[i];
             }
         }
-        if self.mode != Mode::Quiet || !passed {
+        if !passed {
             return false;
         }
         if let Some(shared) = &self.shared {
             shared.stats_logging.store(true, Ordering::SeqCst);
         }
-        for_slots(stats, |i, s| self.base[i] = s.current);
+        for_slots(&mut stats, |i, s| self.base[i] = s.current);
         for &w in &words {
             let (own, agg, delta) = unpack(w);
             self.base[own] -= delta;

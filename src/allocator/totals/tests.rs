@@ -242,7 +242,10 @@ fn a_quiet_group_passing_its_allowance_at_its_second_change_is_logged_whole() {
     assert!(!acct.log.is_loud(), "within its allowance: quiet");
     let changes = [(Kind::Allocation, 1), (Kind::AllocatedBytes, 200)];
     acct.increase_all(StatType::SmallPool, &changes);
-    assert!(shared.stats_logging.load(Ordering::SeqCst), "the flag is set");
+    assert!(
+        shared.stats_logging.load(Ordering::SeqCst),
+        "the flag is set"
+    );
     assert!(acct.log.is_loud());
     let words = acct.log.swap(Vec::new());
     assert_eq!(words.len(), 3, "a header and both changes: {words:x?}");
