@@ -153,15 +153,10 @@ impl ShardState {
     fn alloc_tail<const LOG: bool>(&mut self, id: BlockId, size: usize, rounded: usize) -> BlockId {
         let st = self.blocks[id].kind.stat_type();
         let already_split = self.blocks[id].is_split();
-        let mut out = id;
         if self.should_split(&self.blocks[id], rounded) {
-            let logged;
-            (out, logged) = self.split_front(id, rounded, st, already_split, LOG);
-            if !LOG && logged {
-                // The split's statistics passed an allowance: the counts are logged.
-                return self.count_allocated_logged(out, size);
-            }
-        } else if already_split {
+            return self.split_front::<LOG>(id, size, rounded, st, already_split);
+        }
+        if already_split {
             let bsize = self.blocks[id].size;
             self.acct.decrease_all_as(
                 LOG,
@@ -169,27 +164,31 @@ impl ShardState {
                 &[(Kind::InactiveSplitBytes, bsize), (Kind::InactiveSplit, 1)],
             );
         }
-        self.count_allocated_as::<LOG>(out, size)
+        self.count_allocated_as::<LOG>(id, size)
     }
 
     /// Splits `rounded` bytes off the front of free block `id` (out of its free list)
-    /// as a new block, returned; `id` keeps the remainder and goes back in its free
-    /// list. Out of line: a block handed out whole (the hot cache's) needs none of it.
-    /// `logged`: as for `count_front_split`, which gives the second value.
+    /// as a new block, handed out for a request of `size` bytes and returned; `id`
+    /// keeps the remainder and goes back in its free list. Out of line (a tail call:
+    /// a block handed out whole, the hot cache's, saves no register for it).
     #[inline(never)]
-    fn split_front(
+    fn split_front<const LOG: bool>(
         &mut self,
         id: BlockId,
+        size: usize,
         rounded: usize,
         st: StatType,
         already_split: bool,
-        logged: bool,
-    ) -> (BlockId, bool) {
+    ) -> BlockId {
         let front_id = self.carve_front(id, rounded);
         let rest_size = self.blocks[id].size;
         self.pool_insert(id);
-        let logged = self.count_front_split(st, already_split, rounded, rest_size, logged);
-        (front_id, logged)
+        let logged = self.count_front_split(st, already_split, rounded, rest_size, LOG);
+        if !LOG && logged {
+            // The split's statistics passed an allowance: the counts are logged.
+            return self.count_allocated_logged(front_id, size);
+        }
+        self.count_allocated_as::<LOG>(front_id, size)
     }
 
     /// Cuts the first `n` bytes of block `id` off as a new block linked just before it
