@@ -149,11 +149,15 @@ impl Accounting {
 
     /// Whether the changes about to be made are logged: one load of
     /// `Shared::stats_logging` (`../totals/quiet.rs`); a quiet shard that sees it set
-    /// turns loud. The slow paths call it per group of changes (a visit to another
-    /// shard may come between two groups); the hot functions once per operation,
-    /// through [`logging_by`](Self::logging_by).
+    /// turns loud; not loaded at all while the logs are off (one stream: a test of the
+    /// shard's own mode, as before quiet mode). The slow paths call it per group of
+    /// changes (a visit to another shard may come between two groups); the hot
+    /// functions once per operation, through [`logging_by`](Self::logging_by).
     #[inline(always)]
     pub fn logging(&mut self) -> bool {
+        if self.log.mode == Mode::Off {
+            return false;
+        }
         let on = self.log.flag();
         self.heed(on)
     }
