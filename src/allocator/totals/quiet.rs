@@ -40,9 +40,11 @@
 //! comes after that store in its thread, or after a load that saw it; whatever
 //! happens after it through a shard lock or program order sees the flag set:
 //! write-read coherence). A hot function makes no visit to another shard between its
-//! load and its last change (it takes no other lock), so nothing logged on another
-//! shard happens before any of its changes through a lock either; the slow paths
-//! that visit other shards (lending, reclaiming) load the flag per group. So ordering
+//! load and its last change and takes no other lock (but for the return of a lent
+//! block, whose capture test may take the capturing streams' lock: `free` loads the
+//! flag again after it), so nothing logged on another shard happens before any of
+//! its changes through a lock either; the slow paths that visit other shards
+//! (lending, reclaiming) load the flag per group. So ordering
 //! every quiet change before every logged one contradicts no happens-before edge,
 //! and within a shard the quiet changes all precede the logged ones (a shard turns
 //! loud at its first logged change and never goes quiet again before the next
