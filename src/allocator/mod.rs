@@ -136,7 +136,10 @@ impl std::fmt::Debug for CachingAllocator {
 }
 
 impl CachingAllocator {
-    /// Creates the allocator of device `index` with `config`.
+    /// Creates the allocator of device `index` with `config`. Never inlined: its
+    /// `Shared` is over-aligned (`OwnLine`), which would make a caller that inlines it
+    /// (a benchmark's loop) realign its stack frame and lose a register.
+    #[inline(never)]
     pub fn new(device: Arc<dyn Device>, index: i64, config: Config) -> Result<Self, Error> {
         let count = device.device_count();
         if index < 0 || index as u64 >= count as u64 {
@@ -225,6 +228,8 @@ impl CachingAllocator {
                 let acct = &mut st.acct;
                 acct.log.start();
                 acct.log.open_window(&mut acct.stats);
+                // Every shard logs until a merge can give allowances (`totals/quiet.rs`).
+                self.shared.stats_logging.store(true, Ordering::SeqCst);
             }
         }
         let log = totals.enabled;

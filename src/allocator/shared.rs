@@ -22,6 +22,19 @@ use super::totals::Totals;
 /// waiting frees).
 pub(crate) const MERGE_NUDGE: isize = 1 << 48;
 
+/// A value alone on its cache line (128 bytes: a line and the adjacent one some x86-64
+/// cores prefetch with it, or one line on aarch64 cores with 128-byte lines), so that
+/// no write to a field around it invalidates the line its readers hold.
+#[repr(align(128))]
+pub(crate) struct OwnLine<T>(pub T);
+
+impl<T> std::ops::Deref for OwnLine<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
 /// Device-wide state of one allocator.
 pub(crate) struct Shared {
     /// The device every shard allocates on.
@@ -56,10 +69,12 @@ pub(crate) struct Shared {
     /// Set when a shard's statistics log is full: the next malloc merges
     /// ([`Shared::ask_merge`]).
     merge_wanted: AtomicBool,
-    /// Whether the shards log their statistics changes: cleared by a merge that
-    /// enters quiet mode (all shards locked), set by the first change that passes its
-    /// shard's allowance (`totals/quiet.rs`).
-    pub stats_logging: AtomicBool,
+    /// Whether the shards log their statistics changes (`totals/quiet.rs`): clear while
+    /// one shard exists (nothing logged) or with `exact_stats:False`; set when the
+    /// second shard turns the logs on; cleared by a merge that enters quiet mode (all
+    /// shards locked), set by the first change that passes its shard's allowance. Read
+    /// by every malloc and free: on a cache line of its own, which nothing else writes.
+    pub stats_logging: OwnLine<AtomicBool>,
     /// Streams allocating to a graph-private pool (capturing): no event may be
     /// recorded on them, so lending leaves them alone.
     capturing: Mutex<Vec<StreamHandle>>,
@@ -92,7 +107,7 @@ impl Shared {
             pending_total: AtomicIsize::new(0),
             totals: Mutex::new(Totals::default()),
             merge_wanted: AtomicBool::new(false),
-            stats_logging: AtomicBool::new(true),
+            stats_logging: OwnLine(AtomicBool::new(false)),
             capturing: Mutex::new(Vec::new()),
             capture_count: AtomicUsize::new(0),
             private_reserved: Mutex::new(PrivatePoolReserved::default()),

@@ -8,9 +8,10 @@
 //! [`StatLog`], under its own lock (nothing shared is written on the fast path): one
 //! header word per operation (a stamp) and one word per change (statistic, its
 //! aggregate, signed amount), packed where the change is made and appended out of
-//! line (`StatLog::record`). One stream logs nothing: the hot functions (a found
-//! block handed out, a caller's free) test the log once and run a logged copy of
-//! their own when it is on; other changes test it per group. A *merge* (on a statistics
+//! line (`StatLog::record`). Whether a change is logged is one flag,
+//! `Shared::stats_logging` (clear with one stream): the hot functions (a found block
+//! handed out, a caller's free) load it once and run a logged copy of their own when
+//! it is set; other changes load it per group. A *merge* (on a statistics
 //! query, a peak reset, or when a log reaches [`MERGE_AT`] words) locks every shard
 //! in creation order with the [`Totals`] lock held, swaps their logs out, unlocks the
 //! shards, and replays the logs k-way by stamp into device-wide current values and
@@ -27,14 +28,17 @@
 //!
 //! Quiet mode (`totals/quiet.rs`, issue #17's scaling target): after a merge that can
 //! give every shard, per statistic, an allowance at least its current value with the
-//! allowances summing to at most the device-wide peak, the shards log nothing while
-//! each stays within its allowances (a test of its room at constant slots where it
-//! would log, no stamp, no write to the log). The first change past an allowance sets
-//! a shared flag and is logged; every shard logs from its first change that sees the
-//! flag, until the next merge. A replay then starts from each shard's value before
-//! its first logged change (or its current value at the cut), which the quiet changes
-//! cannot have pushed above any peak; `quiet.rs` gives the linearisation argument.
-//! A steady state with several threads stays quiet from its first merge on.
+//! allowances summing to at most the device-wide peak, the merge clears the flag and
+//! the shards run the unlogged code, as one stream does: no stamp, no log write, and
+//! no test of its own, since a quiet shard's peak is never above its allowance, so the
+//! comparison with the peak that every increase makes already catches a value past
+//! its allowance (in a cold handler, `StatLog::over_peak`). That change sets the flag
+//! and is logged; every shard logs from its first load that sees the flag, until the
+//! next merge. A replay then starts from each shard's value before its first logged
+//! change (or its current value at the cut), which the quiet changes cannot have
+//! pushed above any peak; `quiet.rs` gives the linearisation argument. A steady state
+//! with several threads stays quiet from its first merge on, at the cost of one
+//! stream.
 //!
 //! Stamps: `max(clock, this thread's last stamp + 1, this shard's last stamp + 1)`,
 //! taken at an operation's first logged change. They increase along each shard's lock
@@ -134,7 +138,7 @@ impl Kind {
 /// counters (27, 28); 32 so that a 5-bit slot indexes without a bounds check. Slot
 /// [`NO_SLOT`] is never read: the aggregate slot of a change to an oversize counter.
 pub(crate) const SLOTS: usize = 32;
-const NO_SLOT: usize = 31;
+pub(crate) const NO_SLOT: usize = 31;
 
 fn slot(kind: usize, pool: usize) -> usize {
     if kind < 9 {
@@ -170,7 +174,7 @@ pub(crate) fn pack(kind: Kind, pool: StatType, delta: i64) -> u64 {
 
 /// (slot, aggregate's slot, signed amount) of a change word.
 #[inline(always)]
-fn unpack(w: u64) -> (usize, usize, i64) {
+pub(crate) fn unpack(w: u64) -> (usize, usize, i64) {
     let own = ((w >> 58) & 0x1F) as usize;
     let agg = ((w >> AMOUNT_BITS) & 0x1F) as usize;
     // Sign-extend the amount.
@@ -178,50 +182,61 @@ fn unpack(w: u64) -> (usize, usize, i64) {
     (own, agg, delta)
 }
 
+/// A shard's log mode (`quiet.rs`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Nothing is logged: one shard, or `exact_stats:False` (`Shared::stats_logging`
+    /// stays clear).
+    #[default]
+    Off,
+    /// Nothing logged since the last merge: the shard logs nothing while
+    /// `Shared::stats_logging` is clear and its values stay within its allowances.
+    Quiet,
+    /// Every change is logged until the next merge (`Shared::stats_logging` is set).
+    Loud,
+}
+
 /// One shard's log of changes since the last merge (see the module doc).
 #[derive(Default)]
 pub(crate) struct StatLog {
-    /// Whether changes are logged (from the moment a second shard exists).
-    pub on: bool,
+    /// Whether changes are logged: off, quiet or loud (`quiet.rs`).
+    pub mode: Mode,
     words: Vec<u64>,
     /// Stamp of the operation under way; 0 before its first logged change.
     op: u64,
     /// This shard's last stamp.
     last: u64,
-    /// Told when `words` reaches [`MERGE_AT`]: the allocator merges at its next
-    /// malloc, with no shard lock held (`Shared::ask_merge`).
-    wants_merge: Option<Arc<Shared>>,
-    /// Whether this log raised `wants_merge` since its last swap.
+    /// The allocator's shared part: its flag `stats_logging` (`quiet.rs`), and told
+    /// when `words` reaches [`MERGE_AT`] (the allocator merges at its next malloc,
+    /// with no shard lock held, `Shared::ask_merge`).
+    shared: Option<Arc<Shared>>,
+    /// Whether this log asked for a merge since its last swap.
     asked: bool,
     /// While logging, the shard's own peaks cover only the window since the last
     /// merge (the bound that lets a merge skip its replay); its per-stream peaks are
     /// the larger of those and these, its peaks before the window.
     saved: [i64; SLOTS],
-    /// Quiet mode (`quiet.rs`): this shard has logged nothing since the last merge and
-    /// logs nothing while `Shared::stats_logging` is clear and its changes stay within
-    /// its allowances.
-    quiet: bool,
-    /// In quiet mode, per slot, the allowance less the current value.
-    room: [i64; SLOTS],
     /// The allowances of the window (`quiet.rs`).
     allow: [i64; SLOTS],
+    /// Once loud in a window that began quiet: per slot, the shard's value just
+    /// before its first logged change (`quiet.rs`).
+    base: [i64; SLOTS],
 }
 
 impl StatLog {
-    /// A log that asks `shared` for a merge when it fills.
-    pub fn new(on: bool, shared: Arc<Shared>) -> Self {
+    /// A log (off) that reads the flag of, and asks for merges from, `shared`.
+    pub fn new(shared: Arc<Shared>) -> Self {
         StatLog {
-            on,
-            wants_merge: Some(shared),
+            shared: Some(shared),
             ..StatLog::default()
         }
     }
 
-    /// Turns logging on, with room for a whole window: a log that grows while the
-    /// allocator runs copies itself at each doubling (the spare buffers merges hand
-    /// back keep their room).
+    /// Turns logging on (loud), with room for a whole window: a log that grows while
+    /// the allocator runs copies itself at each doubling (the spare buffers merges
+    /// hand back keep their room).
     pub fn start(&mut self) {
-        self.on = true;
+        self.mode = Mode::Loud;
         self.words.reserve(MERGE_AT + 64);
     }
 
@@ -233,7 +248,7 @@ impl StatLog {
 
     /// Appends changes (words made by [`pack`] at the call site, where each word's
     /// statistic bits fold to a constant), in order. Out of line: the fast paths keep
-    /// one test of [`on`](Self::on) per group of changes and no call or saved register
+    /// one test of the flag per group of changes and no call or saved register
     /// for it. A leaf while the log has room and is short of [`MERGE_AT`] (the buffer
     /// is reserved for a whole window): growing and asking for a merge are
     /// `record_slow`'s.
@@ -292,7 +307,7 @@ impl StatLog {
     #[inline(never)]
     fn ask_merge(&mut self) {
         self.asked = true;
-        if let Some(shared) = &self.wants_merge {
+        if let Some(shared) = &self.shared {
             shared.ask_merge();
         }
     }
@@ -586,6 +601,15 @@ fn for_slots(stats: &mut DeviceStats, mut f: impl FnMut(usize, &mut Stat)) {
         for p in 0..if k < 9 { 3 } else { 1 } {
             f(slot(k, p), kind.stat_mut(stats, pool_of(p)));
         }
+    }
+}
+
+/// The statistic of `stats` that slot `i` names (not [`NO_SLOT`]).
+pub(crate) fn stat_at(stats: &mut DeviceStats, i: usize) -> &mut Stat {
+    debug_assert_ne!(i, NO_SLOT);
+    match i < 27 {
+        true => KINDS[i / 3].stat_mut(stats, pool_of(i % 3)),
+        false => KINDS[9 + i - 27].stat_mut(stats, StatType::Aggregate),
     }
 }
 

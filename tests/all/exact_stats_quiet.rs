@@ -136,6 +136,34 @@ fn a_shard_passing_its_allowance_turns_the_other_shards_logs_on() {
 }
 
 #[test]
+fn a_quiet_allocation_passing_its_allowance_after_its_first_change_is_logged() {
+    // Each stream peaks at three 2 MiB blocks, both at once: the device peaks (6
+    // allocations, 12 MiB) are the window peaks' sums, and the merge gives each shard
+    // exactly its window peaks as allowances (3 allocations, 6 MiB). Stream 1 takes its
+    // three blocks again, quietly; then stream 0 takes one 8 MiB block: its count (the
+    // first change of the group) stays within the allowance, its bytes (the second on)
+    // pass it. Only the logged group can tell the merge about the new peak, 14 MiB.
+    let mut d = Driver::new(2, "lend_segments:False,lend_blocks:False");
+    for _ in 0..2 {
+        for s in [0, 1, 0, 1, 0, 1] {
+            d.malloc(s, 2 * MIB);
+        }
+        while !d.live.is_empty() {
+            d.free(0);
+        }
+        d.query("warm-up");
+    }
+    for _ in 0..3 {
+        d.malloc(1, 2 * MIB);
+    }
+    d.malloc(0, 8 * MIB);
+    while !d.live.is_empty() {
+        d.free(0);
+    }
+    d.query("after stream 0 passed its allowance at the group's second change");
+}
+
+#[test]
 fn one_thread_on_three_streams_with_queries_and_resets_keeps_the_true_peaks() {
     // Random sizes on random streams, a query every few steps (each a merge into
     // quiet mode when the allowances can be given), now and then a peak reset:

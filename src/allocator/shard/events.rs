@@ -17,10 +17,12 @@ use crate::pool::{BlockId, Phase};
 use crate::stats::StatType;
 
 impl ShardState {
-    /// A caller's free of allocated block `id`. With the statistics log on, a copy of
-    /// its own (out of line) runs instead, as `alloc_found_block` does.
+    /// A caller's free of allocated block `id`. Loads the statistics flag once (it
+    /// visits no other shard and takes no other lock, but for a lent block's return,
+    /// after which it loads it again; its last group is the only increase): when set,
+    /// a copy of its own (out of line) runs instead, as `alloc_found_block` does.
     pub fn free(&mut self, id: BlockId) {
-        if self.acct.log.on {
+        if self.acct.logging_by(&self.shared.stats_logging) {
             return self.free_logged(id);
         }
         self.free_as::<false>(id);
@@ -47,9 +49,24 @@ impl ShardState {
             self.acct
                 .decrease_all_as(LOG, StatType::Aggregate, &[(Kind::OversizeAllocations, 1)]);
         }
-        if lent && self.return_lent(id) {
-            return;
+        if lent {
+            if self.return_lent(id) {
+                return;
+            }
+            // `return_lent` may synchronise with other threads (the capturing streams'
+            // lock): the flag is loaded again for the changes after it
+            // (`../totals/quiet.rs`).
+            if !LOG && self.acct.logging_by(&self.shared.stats_logging) {
+                return self.free_settle::<true>(id);
+            }
         }
+        self.free_settle::<LOG>(id);
+    }
+
+    /// The end of a caller's free of block `id`, once its allocation is counted out:
+    /// back to the free lists, or waiting for its streams' events.
+    #[inline(always)]
+    fn free_settle<const LOG: bool>(&mut self, id: BlockId) {
         if self.blocks[id].stream_uses.is_empty() {
             self.free_block_deferring(id, LOG);
         } else if self.capture.capturing.is_some() {

@@ -95,26 +95,34 @@ impl ShardState {
     /// new free block (into the free lists) and keeps the aligned rest, which it returns
     /// to be handed out. Statistics: the head is one more inactive split block; if `id`
     /// was not split before, both it and the head now are. Out of line: the default
-    /// settings never call it.
+    /// settings never call it. `logged`: whether the operation's changes are logged;
+    /// returns whether they are from now on (`Accounting::increase_all_as`).
     #[inline(never)]
-    pub(super) fn split_aligned_head(&mut self, id: BlockId, rounded: usize) -> BlockId {
+    pub(super) fn split_aligned_head(
+        &mut self,
+        id: BlockId,
+        rounded: usize,
+        logged: bool,
+    ) -> (BlockId, bool) {
         let head = self.aligned_head(&self.blocks[id], rounded);
         if head == 0 {
-            return id;
+            return (id, logged);
         }
         let b = &self.blocks[id];
         let (st, already_split, size) = (b.kind.stat_type(), b.is_split(), b.size);
         let front_id = self.carve_front(id, head);
         self.pool_insert(front_id);
-        if already_split {
-            self.acct.increase(Kind::InactiveSplit, st, 1);
+        let logged = if already_split {
+            self.acct
+                .increase_all_as(logged, st, &[(Kind::InactiveSplit, 1)])
         } else {
-            self.acct.increase_all(
+            self.acct.increase_all_as(
+                logged,
                 st,
                 &[(Kind::InactiveSplit, 2), (Kind::InactiveSplitBytes, size)],
-            );
-        }
-        id
+            )
+        };
+        (id, logged)
     }
 
     /// PyTorch's best fit with expandable segments (`expandable_best_fit`): from the

@@ -97,15 +97,17 @@ impl ShardState {
     /// Hands out block `id` (already out of its free list), splitting off the head that
     /// `base_addr_aligned_kb` asks for (`expandable.rs`) and the tail.
     ///
-    /// With the statistics log on, a copy of its own (`LOG`, out of line) runs instead:
-    /// the usual copy tests nothing and has no call to save registers around.
+    /// Loads the statistics flag once (it visits no other shard): when set, a copy of
+    /// its own (`LOG`, out of line) runs instead; the usual copy, which quiet shards
+    /// run too (`../totals/quiet.rs`), logs nothing and has no call to save registers
+    /// around.
     pub(super) fn alloc_found_block(
         &mut self,
         id: BlockId,
         size: usize,
         rounded: usize,
     ) -> BlockId {
-        if self.acct.log.on {
+        if self.acct.logging_by(&self.shared.stats_logging) {
             return self.alloc_found_block_logged(id, size, rounded);
         }
         self.alloc_found_block_as::<false>(id, size, rounded)
@@ -126,7 +128,7 @@ impl ShardState {
     ) -> BlockId {
         if let Some(m) = self.lazy.filter(|m| m.taken) {
             if m.has_rest() {
-                return self.alloc_unmerged(id, size, rounded);
+                return self.alloc_unmerged(id, size, rounded, LOG);
             }
             // Only its insertion was deferred: out of every list, as best fit leaves it,
             // with the clocks the insertion would have set.
@@ -135,17 +137,26 @@ impl ShardState {
             (b.freed_at, b.gc_count_base) = m.clocks();
         }
         // The size first: requests under 2 MiB (most) skip the settings' load.
-        let id = if rounded >= HEAD_ALIGN_MIN && self.shared.config.base_addr_align != 0 {
-            self.split_aligned_head(id, rounded)
-        } else {
-            id
-        };
+        if rounded >= HEAD_ALIGN_MIN && self.shared.config.base_addr_align != 0 {
+            let (id, logged) = self.split_aligned_head(id, rounded, LOG);
+            if !LOG && logged {
+                // The head's statistics passed an allowance: the rest is logged.
+                return self.alloc_tail::<true>(id, size, rounded);
+            }
+            return self.alloc_tail::<LOG>(id, size, rounded);
+        }
+        self.alloc_tail::<LOG>(id, size, rounded)
+    }
+
+    /// `alloc_found_block` once the head is split off: the tail split and the counts.
+    #[inline(always)]
+    fn alloc_tail<const LOG: bool>(&mut self, id: BlockId, size: usize, rounded: usize) -> BlockId {
         let st = self.blocks[id].kind.stat_type();
         let already_split = self.blocks[id].is_split();
-        let mut out = id;
         if self.should_split(&self.blocks[id], rounded) {
-            out = self.split_front(id, rounded, st, already_split);
-        } else if already_split {
+            return self.split_front::<LOG>(id, size, rounded, st, already_split);
+        }
+        if already_split {
             let bsize = self.blocks[id].size;
             self.acct.decrease_all_as(
                 LOG,
@@ -153,16 +164,18 @@ impl ShardState {
                 &[(Kind::InactiveSplitBytes, bsize), (Kind::InactiveSplit, 1)],
             );
         }
-        self.count_allocated_as::<LOG>(out, size)
+        self.count_allocated_as::<LOG>(id, size)
     }
 
     /// Splits `rounded` bytes off the front of free block `id` (out of its free list)
-    /// as a new block, returned; `id` keeps the remainder and goes back in its free
-    /// list. Out of line: a block handed out whole (the hot cache's) needs none of it.
+    /// as a new block, handed out for a request of `size` bytes and returned; `id`
+    /// keeps the remainder and goes back in its free list. Out of line (a tail call:
+    /// a block handed out whole, the hot cache's, saves no register for it).
     #[inline(never)]
-    fn split_front(
+    fn split_front<const LOG: bool>(
         &mut self,
         id: BlockId,
+        size: usize,
         rounded: usize,
         st: StatType,
         already_split: bool,
@@ -170,8 +183,12 @@ impl ShardState {
         let front_id = self.carve_front(id, rounded);
         let rest_size = self.blocks[id].size;
         self.pool_insert(id);
-        self.count_front_split(st, already_split, rounded, rest_size);
-        front_id
+        let logged = self.count_front_split(st, already_split, rounded, rest_size, LOG);
+        if !LOG && logged {
+            // The split's statistics passed an allowance: the counts are logged.
+            return self.count_allocated_logged(front_id, size);
+        }
+        self.count_allocated_as::<LOG>(front_id, size)
     }
 
     /// Cuts the first `n` bytes of block `id` off as a new block linked just before it
@@ -195,31 +212,37 @@ impl ShardState {
     }
 
     /// The statistics of splitting `rounded` bytes off the front of a free block (of a
-    /// segment split before: `already_split`), leaving `rest_size` bytes free.
+    /// segment split before: `already_split`), leaving `rest_size` bytes free. `logged`:
+    /// whether the operation's changes are logged (`Accounting::logging`); returns
+    /// whether they are from now on (`Accounting::increase_all_as`).
     pub(super) fn count_front_split(
         &mut self,
         st: StatType,
         already_split: bool,
         rounded: usize,
         rest_size: usize,
-    ) {
+        logged: bool,
+    ) -> bool {
         if already_split {
-            self.acct.decrease(Kind::InactiveSplitBytes, st, rounded);
+            self.acct
+                .decrease_all_as(logged, st, &[(Kind::InactiveSplitBytes, rounded)]);
+            logged
         } else {
-            self.acct.increase_all(
+            self.acct.increase_all_as(
+                logged,
                 st,
                 &[
                     (Kind::InactiveSplitBytes, rest_size),
                     (Kind::InactiveSplit, 1),
                 ],
-            );
+            )
         }
     }
 
     /// Block `out` is handed out for a request of `size` bytes: its phase and statistics.
-    /// Dispatches on the statistics log as `alloc_found_block` does.
-    pub(super) fn count_allocated(&mut self, out: BlockId, size: usize) -> BlockId {
-        if self.acct.log.on {
+    /// `logged`: whether the operation's changes are logged (`Accounting::logging`).
+    pub(super) fn count_allocated(&mut self, out: BlockId, size: usize, logged: bool) -> BlockId {
+        if logged {
             return self.count_allocated_logged(out, size);
         }
         self.count_allocated_as::<false>(out, size)
@@ -238,7 +261,7 @@ impl ShardState {
         b.phase = Phase::Allocated;
         b.requested = size;
         let bsize = b.size;
-        self.acct.increase_all_as(
+        let logged = self.acct.increase_all_as(
             LOG,
             st,
             &[
@@ -250,8 +273,12 @@ impl ShardState {
             ],
         );
         if bsize >= self.shared.config.max_split_size {
-            self.acct
-                .increase_all_as(LOG, StatType::Aggregate, &[(Kind::OversizeAllocations, 1)]);
+            // After a group that passed an allowance (`logged`), logged too.
+            self.acct.increase_all_as(
+                logged,
+                StatType::Aggregate,
+                &[(Kind::OversizeAllocations, 1)],
+            );
         }
         out
     }
@@ -259,14 +286,15 @@ impl ShardState {
     /// A block becomes reusable: into its stream's hot cache if there is room, else
     /// into its free list, merged with free neighbours.
     pub(super) fn free_block(&mut self, id: BlockId) {
-        self.release_to_cache(id, false, self.acct.log.on);
+        let logged = self.acct.logging();
+        self.release_to_cache(id, false, logged);
     }
 
     /// `free_block` for a caller's free, the last step of the operation: the merge
     /// with the free block after it may be deferred to the shard's next operation
     /// (`lazy_merge.rs`). Frees inside other operations (events completed, waits) merge
     /// at once, so no operation meets a merge deferred during itself. `logged`: whether
-    /// the statistics log is on (a constant in `free`'s copies).
+    /// the changes are logged (a constant in `free`'s copies).
     #[inline(always)]
     pub(super) fn free_block_deferring(&mut self, id: BlockId, logged: bool) {
         self.release_to_cache(id, true, logged);

@@ -230,9 +230,16 @@ impl ShardState {
 
     /// `alloc_found_block` for the block `take_unmerged` handed out (`id`, the deferred
     /// front): the merged block split, `rounded` bytes at the front for a request of
-    /// `size`, with the statistics of the split. Returns the allocated block.
+    /// `size`, with the statistics of the split (`logged`: whether they are logged).
+    /// Returns the allocated block.
     #[inline(never)]
-    pub(super) fn alloc_unmerged(&mut self, id: BlockId, size: usize, rounded: usize) -> BlockId {
+    pub(super) fn alloc_unmerged(
+        &mut self,
+        id: BlockId,
+        size: usize,
+        rounded: usize,
+        logged: bool,
+    ) -> BlockId {
         let m = self.lazy.take().expect("a taken deferred merge");
         debug_assert_eq!(m.front, id);
         let (front, rest) = (m.front, m.rest.expect("a deferred merge"));
@@ -272,8 +279,8 @@ impl ShardState {
         if let Some(n) = next {
             self.blocks[n].prev = Some(front);
         }
-        self.count_front_split(st, already_split, rounded, rest_size);
-        self.count_allocated(rest, size)
+        let logged = self.count_front_split(st, already_split, rounded, rest_size, logged);
+        self.count_allocated(rest, size, logged)
     }
 }
 

@@ -40,12 +40,13 @@ pub use capture::PrivatePool;
 use lazy_merge::LazyMerge;
 
 use rustc_hash::FxHashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use slab::Slab;
 
 use super::shared::Shared;
-use super::totals::{pack, Kind, StatLog};
+use super::totals::{pack, stat_at, unpack, Kind, Mode, StatLog, NO_SLOT};
 use crate::device::{Device, DeviceIndex, DevicePtr, StreamHandle};
 use crate::error::Error;
 use crate::pool::{Block, BlockId, PoolTag, PtrTable, StreamMap, VmSegment};
@@ -134,7 +135,7 @@ pub(super) struct Accounting {
 
 impl Accounting {
     /// Adds `amount` to `kind` in `pool` and in the aggregate (the oversize counters
-    /// take [`StatType::Aggregate`]), and logs the change.
+    /// take [`StatType::Aggregate`]), logged or not as the flag says.
     #[inline(always)]
     pub fn increase(&mut self, kind: Kind, pool: StatType, amount: usize) {
         self.increase_all(pool, &[(kind, amount)]);
@@ -146,44 +147,92 @@ impl Accounting {
         self.decrease_all(pool, &[(kind, amount)]);
     }
 
-    /// Several increases in `pool`, in order, with one test of the log (the fast paths
-    /// make their changes in groups: with one shard this costs what the plain
-    /// statistics did, plus one test).
+    /// Whether the changes about to be made are logged: one load of
+    /// `Shared::stats_logging` (`../totals/quiet.rs`); a quiet shard that sees it set
+    /// turns loud; not loaded at all while the logs are off (one stream: a test of the
+    /// shard's own mode, as before quiet mode). The slow paths call it per group of
+    /// changes (a visit to another shard may come between two groups); the hot
+    /// functions once per operation, through [`logging_by`](Self::logging_by).
     #[inline(always)]
-    pub fn increase_all<const N: usize>(&mut self, pool: StatType, changes: &[(Kind, usize); N]) {
-        self.increase_all_as(self.log.on, pool, changes);
+    pub fn logging(&mut self) -> bool {
+        if self.log.mode == Mode::Off {
+            return false;
+        }
+        let on = self.log.flag();
+        self.heed(on)
     }
 
-    /// `increase_all` where the caller knows whether the log is on (`logged`, a
-    /// constant in the copies `free_lists.rs` dispatches to: no test at all).
+    /// [`logging`](Self::logging) for the hot functions: `flag` is the shard's
+    /// `Shared::stats_logging` (one load fewer than through the log), not loaded at
+    /// all while the logs are off (one stream: a test of the shard's own mode, as
+    /// before quiet mode).
+    #[inline(always)]
+    pub fn logging_by(&mut self, flag: &AtomicBool) -> bool {
+        if self.log.mode == Mode::Off {
+            return false;
+        }
+        let on = flag.load(Ordering::Acquire);
+        self.heed(on)
+    }
+
+    #[inline(always)]
+    fn heed(&mut self, on: bool) -> bool {
+        if on && !self.log.is_loud() {
+            self.log.wake(&self.stats);
+        }
+        on
+    }
+
+    /// Several increases in `pool`, in order, with one load of the flag (the fast paths
+    /// make their changes in groups: a shard that logs nothing pays one test per group).
+    #[inline(always)]
+    pub fn increase_all<const N: usize>(&mut self, pool: StatType, changes: &[(Kind, usize); N]) {
+        let logged = self.logging();
+        self.increase_all_as(logged, pool, changes);
+    }
+
+    /// `increase_all` where the caller knows whether the changes are logged (`logged`, a
+    /// constant in the copies `free_lists.rs` dispatches to: no test at all). Returns
+    /// whether the shard logs from now on: `logged`, or a quiet shard's group that
+    /// passed its allowance (the changes after it, in the same operation, are logged).
+    ///
+    /// Each statistic's new value is compared with its peak (and raises it), as without
+    /// the logs; a group that raised one takes the cold handler with the group's words,
+    /// which tests a quiet shard's allowances (`StatLog::over_peak`,
+    /// `../totals/quiet.rs`).
     #[inline(always)]
     pub fn increase_all_as<const N: usize>(
         &mut self,
         logged: bool,
         pool: StatType,
         changes: &[(Kind, usize); N],
-    ) {
-        debug_assert_eq!(logged, self.log.on);
+    ) -> bool {
+        debug_assert_eq!(logged, self.log.is_loud(), "a loud shard logs every change");
         // One branch on the pool, then every statistic at a constant offset (a pool
         // index known only at run time is recomputed for each statistic).
-        match pool {
-            StatType::SmallPool => self.add_all::<1, N>(changes),
-            StatType::LargePool => self.add_all::<2, N>(changes),
-            StatType::Aggregate => self.add_all::<0, N>(changes),
+        let passed = match pool {
+            StatType::SmallPool => self.add_all::<1, N>(pool, changes),
+            StatType::LargePool => self.add_all::<2, N>(pool, changes),
+            StatType::Aggregate => self.add_all::<0, N>(pool, changes),
+        };
+        if passed {
+            return true;
         }
         if logged {
-            self.log.log_or_stay_quiet(words(pool, changes, 1));
+            self.log.record(words(pool, changes, 1));
         }
+        logged
     }
 
-    /// Several decreases in `pool`, in order, with one test of the log.
+    /// Several decreases in `pool`, in order, with one load of the flag.
     #[inline(always)]
     pub fn decrease_all<const N: usize>(&mut self, pool: StatType, changes: &[(Kind, usize); N]) {
-        self.decrease_all_as(self.log.on, pool, changes);
+        let logged = self.logging();
+        self.decrease_all_as(logged, pool, changes);
     }
 
-    /// `decrease_all` where the caller knows whether the log is on (see
-    /// `increase_all_as`).
+    /// `decrease_all` where the caller knows whether the changes are logged (see
+    /// `increase_all_as`; a decrease passes no peak and no allowance).
     #[inline(always)]
     pub fn decrease_all_as<const N: usize>(
         &mut self,
@@ -191,37 +240,82 @@ impl Accounting {
         pool: StatType,
         changes: &[(Kind, usize); N],
     ) {
-        debug_assert_eq!(logged, self.log.on);
+        debug_assert_eq!(logged, self.log.is_loud(), "a loud shard logs every change");
         match pool {
             StatType::SmallPool => self.sub_all::<1, N>(changes),
             StatType::LargePool => self.sub_all::<2, N>(changes),
             StatType::Aggregate => self.sub_all::<0, N>(changes),
         }
         if logged {
-            self.log.log_or_stay_quiet(words(pool, changes, -1));
+            self.log.record(words(pool, changes, -1));
         }
     }
 
-    /// `increase_all`'s updates, pool `P`.
+    /// `increase_all`'s updates, pool `P` (`pool`). Each new value is compared with its
+    /// peak, a compare and a branch per statistic as the plain peak update was; a
+    /// value past its peak leaves the group to the cold [`rose`](Self::rose) (which
+    /// makes the rest of it). Returns whether that logged the group.
     #[inline(always)]
-    fn add_all<const P: usize, const N: usize>(&mut self, changes: &[(Kind, usize); N]) {
-        for &(kind, amount) in changes {
+    fn add_all<const P: usize, const N: usize>(
+        &mut self,
+        pool: StatType,
+        changes: &[(Kind, usize); N],
+    ) -> bool {
+        for (i, &(kind, amount)) in changes.iter().enumerate() {
+            let a = amount as i64;
             match kind.array_mut(&mut self.stats) {
                 Some(arr) => {
                     debug_assert_ne!(P, 0, "a change to an array names its pool");
                     // The aggregate's `allocated` is the pools' sum (`snapshot`).
                     let agg = &mut arr[StatType::Aggregate as usize];
-                    agg.current += amount as i64;
+                    agg.current += a;
                     if agg.current > agg.peak {
-                        agg.peak = agg.current;
+                        return self.rose(i, true, words(pool, changes, 1));
                     }
-                    arr[P].increase(amount);
+                    let own = &mut arr[P];
+                    own.current += a;
+                    own.allocated += a;
+                    if own.current > own.peak {
+                        return self.rose(i + 1, false, words(pool, changes, 1));
+                    }
                 }
-                None => kind
-                    .stat_mut(&mut self.stats, StatType::Aggregate)
-                    .increase(amount),
+                None => {
+                    let s = kind.stat_mut(&mut self.stats, StatType::Aggregate);
+                    s.current += a;
+                    s.allocated += a;
+                    if s.current > s.peak {
+                        return self.rose(i + 1, false, words(pool, changes, 1));
+                    }
+                }
             }
         }
+        false
+    }
+
+    /// An increase group (`words`) took a value past its peak: its first `done` changes
+    /// are made, and change `done`'s aggregate too when `agg_done`. Makes the rest,
+    /// raises the peaks, and tests a quiet shard's allowances (`StatLog::over_peak`).
+    /// Returns whether the group was logged.
+    #[cold]
+    #[inline(never)]
+    fn rose<const N: usize>(&mut self, done: usize, agg_done: bool, words: [u64; N]) -> bool {
+        for (k, &w) in words.iter().enumerate().skip(done) {
+            let (own, agg, delta) = unpack(w);
+            let s = stat_at(&mut self.stats, own);
+            s.current += delta;
+            s.allocated += delta;
+            if agg != NO_SLOT && !(k == done && agg_done) {
+                stat_at(&mut self.stats, agg).current += delta;
+            }
+        }
+        for &w in &words {
+            let (own, agg, _) = unpack(w);
+            for i in [own, agg].into_iter().filter(|&i| i != NO_SLOT) {
+                let s = stat_at(&mut self.stats, i);
+                s.peak = s.peak.max(s.current);
+            }
+        }
+        self.log.over_peak(&self.stats, words)
     }
 
     /// `decrease_all`'s updates, pool `P`: `current` only (see [`stats`](Self::stats)).
@@ -334,7 +428,7 @@ impl ShardState {
     pub fn new(stream: StreamHandle, shared: Arc<Shared>) -> Self {
         let mut known_streams = FxHashSet::default();
         known_streams.insert(StreamHandle::DEFAULT);
-        let log = StatLog::new(false, shared.clone());
+        let log = StatLog::new(shared.clone());
         ShardState {
             stream,
             dev: shared.device.clone(),

@@ -1,104 +1,149 @@
-//! Quiet mode: the shards log nothing while no device-wide peak can rise.
+//! Quiet mode: the shards log nothing while no device-wide peak can rise, and a quiet
+//! shard runs the same code as a shard that logs nothing at all.
 //!
-//! At a merge (every shard locked) each shard gets, per statistic, an *allowance*
-//! at least its current value, the allowances of a statistic summing to at most its
-//! device-wide peak ([`allowances`]). Then the merge clears `Shared::stats_logging`
-//! and every shard goes quiet: a change is not logged while the flag is clear and the
-//! shard stays within its allowances (`StatLog::room`, the allowance less the current
-//! value, tracked by `StatLog::log_or_stay_quiet`, inlined where the logged copies of
-//! the fast paths log: constant slots, no call). While every shard is within its allowances, the sum of the currents is
-//! at most the peak: nothing that happens quietly can raise a peak.
+//! A shard's log is off (one shard, or `exact_stats:False`), quiet or loud
+//! ([`Mode`]). At a merge (every shard locked) each shard gets, per statistic, an
+//! *allowance* at least its current value, the allowances of a statistic summing to
+//! at most its device-wide peak ([`allowances`]). Then the merge clears
+//! `Shared::stats_logging` and every shard goes quiet. While every shard is within
+//! its allowances, the sum of the currents is at most the peak: nothing that happens
+//! quietly can raise a peak.
 //!
-//! The first change that would pass a shard's allowance sets the flag (SeqCst)
-//! before it is logged; from then on that shard logs every change, and so does every
-//! other shard from its first change that sees the flag set (each group of changes
-//! loads it, under the shard's lock, before it is logged or not). A shard created in
-//! quiet mode has no allowance: its first increase sets the flag.
+//! The cost of a quiet change is nil beyond the unlogged one. Whether an operation's
+//! changes are logged is one load of the flag: set → the logged copy (a quiet shard
+//! wakes first: it turns loud, its base is its value then); clear → the plain copy,
+//! the one a shard that logs nothing runs. The two hot functions (a found block handed
+//! out, a caller's free) load it once per operation (and not at all while the logs
+//! are off: one stream tests its own mode, as before), every other change once per
+//! group. The allowance test costs nothing either: an increase already compares each
+//! statistic's new value with its peak, and a quiet shard's (window) peak is never
+//! above its allowance (it starts at the current value at the merge, at most the
+//! allowance, and rises quietly only within it), so a value past its allowance is
+//! past its peak. That comparison's branch, not taken at steady state, leaves the
+//! group for a cold, out-of-line handler (`Accounting::rose`, given the group's
+//! words, constants at the call site, and how much of the group is made), which
+//! makes the rest of the group, raises the peaks and calls [`StatLog::over_peak`]:
+//! when the shard is quiet and a value passed its allowance, it *passes the
+//! allowance*: sets the flag (SeqCst) before logging, turns loud with as base its
+//! values before the group (the current values less the group's changes), and logs
+//! the whole group. From then on the shard logs every change (a group after the
+//! pass, in the same plain copy, is told so by the handler's return), and so does
+//! every other shard from its first load of the flag that sees it set. Decreases cost nothing extra. A shard created in
+//! quiet mode has no allowance: its first increase passes it.
 //!
-//! Replay (`Totals::replay`) starts from the sums of the shards' currents at the cut
-//! less everything logged (each shard's value just before its first logged change,
-//! or its value at the cut when it logged nothing) and applies the logged changes in
-//! stamp order. Why that is a valid linearisation: a quiet change loaded "clear"
-//! before it was made, so (coherence of the one flag) its load reads before the
-//! store that set the flag, and no logged change happens before it (a logged change
+//! Replay (`Totals::replay`) starts from the sums of the shards' bases (each shard's
+//! value just before its first logged change, or its value at the cut when it logged
+//! nothing) and applies the logged changes in stamp order. Why that is a valid
+//! linearisation: a quiet change is made by an operation (or group) whose load of the
+//! flag read "clear", so (coherence of the one flag) that load reads before the
+//! store that set it, and no logged change happens before the load (a logged change
 //! comes after that store in its thread, or after a load that saw it; whatever
-//! happens after it, through a shard lock or program order, sees the flag set:
-//! write-read coherence). So ordering every quiet change before every logged one
-//! contradicts no happens-before edge, and within a shard the quiet changes all
-//! precede the logged ones (a shard never goes quiet again before the next merge).
-//! Along that order the quiet prefix keeps every shard within its allowance (a
-//! shard's value at any point of it is its start value or a quiet value), so it
-//! raises no peak; it ends at the replay's start; the logged suffix is ordered by
-//! stamps as before. Visits (lending, reclaiming) change the visited shard's
-//! statistics through its own `StatLog`, so they obey its mode and allowance.
+//! happens after it through a shard lock or program order sees the flag set:
+//! write-read coherence). A hot function makes no visit to another shard between its
+//! load and its last change and takes no other lock (but for the return of a lent
+//! block, whose capture test may take the capturing streams' lock: `free` loads the
+//! flag again after it), so nothing logged on another shard happens before any of
+//! its changes through a lock either; the slow paths that visit other shards
+//! (lending, reclaiming) load the flag per group. So ordering
+//! every quiet change before every logged one contradicts no happens-before edge,
+//! and within a shard the quiet changes all precede the logged ones (a shard turns
+//! loud at its first logged change and never goes quiet again before the next
+//! merge). Along that order the quiet prefix keeps every shard within its allowance
+//! (a shard's value at any point of it is its start value or a quiet value, each
+//! tested against the allowance by the peak comparison), so it raises no peak; it
+//! ends at the bases; the logged suffix is ordered by stamps as before. Visits change
+//! the visited shard's statistics through its own log, so they obey its mode and
+//! allowance. Per-stream peaks stay exact: an increase raises the shard's own peaks
+//! whatever its mode.
 //!
-//! Orderings: the load is Acquire (only per-location coherence and the
+//! Orderings: the loads are Acquire (only per-location coherence and the
 //! happens-before the shard locks give are used; on x86-64 any load is a plain
 //! `mov`), the rare store SeqCst. The merge writes the flag with every shard locked,
 //! so every operation after it (which takes a shard lock) sees its value or a later
-//! one.
+//! one. The flag has a cache line of its own (`Shared::stats_logging`).
 
 use std::sync::atomic::Ordering;
 
-use super::{for_slots, unpack, StatLog, NO_SLOT, SLOTS};
+use super::{for_slots, stat_at, unpack, Mode, StatLog, NO_SLOT, SLOTS};
 use crate::stats::DeviceStats;
 
 /// The room of the aggregate slot of the oversize counters (never read).
 const UNBOUNDED: i64 = i64::MAX / 4;
 
 impl StatLog {
-    /// Logs `words` (already applied to the shard's statistics, made by `pack` where
-    /// each word's statistic bits fold to constants), unless the shard is quiet and
-    /// stays so. Inlined into the logged copies: in quiet mode a group costs its room
-    /// updates (constant slots), not a call.
+    /// Whether `Shared::stats_logging` is set (a log with no allocator never logs).
     #[inline(always)]
-    pub fn log_or_stay_quiet<const N: usize>(&mut self, words: [u64; N]) {
-        if self.quiet {
-            if let Some(shared) = &self.wants_merge {
-                if !shared.stats_logging.load(Ordering::Acquire) {
-                    let mut fits = true;
-                    for &w in &words {
-                        let (own, agg, delta) = unpack(w);
-                        self.room[own] -= delta;
-                        self.room[agg] -= delta;
-                        fits &= (self.room[own] | self.room[agg]) >= 0;
-                    }
-                    if fits {
-                        return;
-                    }
-                    return self.pass_allowance(words);
-                }
-            }
-            self.quiet = false;
-        }
-        self.record(words);
+    pub fn flag(&self) -> bool {
+        self.shared
+            .as_ref()
+            .is_some_and(|s| s.stats_logging.load(Ordering::Acquire))
     }
 
-    /// `words` pass the shard's allowance: sets the flag (every shard logs from its next
-    /// change) and logs them; the base (`base`) is the value before them.
+    /// Whether the shard logs every change (until the next merge).
+    #[inline(always)]
+    pub fn is_loud(&self) -> bool {
+        self.mode == Mode::Loud
+    }
+
+    /// The flag was seen set: a quiet shard turns loud, its base its values now (before
+    /// the changes about to be logged).
     #[cold]
     #[inline(never)]
-    fn pass_allowance<const N: usize>(&mut self, words: [u64; N]) {
-        for &w in &words {
-            let (own, agg, delta) = unpack(w);
-            self.room[own] += delta;
-            self.room[agg] += delta;
+    pub fn wake(&mut self, stats: &DeviceStats) {
+        debug_assert_ne!(
+            self.mode,
+            Mode::Off,
+            "the flag is clear while the logs are off"
+        );
+        if self.mode == Mode::Quiet {
+            for_slots(&mut stats.clone(), |i, s| self.base[i] = s.current);
         }
-        if let Some(shared) = &self.wants_merge {
+        self.mode = Mode::Loud;
+    }
+
+    /// An increase group (`words`, already applied to `stats`, the shard's own
+    /// statistics, whose peaks were raised) took a value past its peak: when the shard is
+    /// quiet and a value passed its allowance, passes it (see the module doc). Returns
+    /// whether it logged the group (the shard is loud from now on).
+    #[cold]
+    #[inline(never)]
+    pub fn over_peak<const N: usize>(&mut self, stats: &DeviceStats, words: [u64; N]) -> bool {
+        if self.mode != Mode::Quiet {
+            return false;
+        }
+        let mut stats = *stats;
+        let mut passed = false;
+        for &w in &words {
+            let (own, agg, _) = unpack(w);
+            for i in [own, agg].into_iter().filter(|&i| i != NO_SLOT) {
+                passed |= stat_at(&mut stats, i).current > self.allow[i];
+            }
+        }
+        if !passed {
+            return false;
+        }
+        if let Some(shared) = &self.shared {
             shared.stats_logging.store(true, Ordering::SeqCst);
         }
-        self.quiet = false;
+        for_slots(&mut stats, |i, s| self.base[i] = s.current);
+        for &w in &words {
+            let (own, agg, delta) = unpack(w);
+            self.base[own] -= delta;
+            self.base[agg] -= delta;
+        }
+        self.mode = Mode::Loud;
         self.record(words);
+        true
     }
 
     /// Enters quiet mode with `room` (allowance less current, per slot) at a merge of
-    /// the shard at `stats`.
+    /// the shard at `stats` (whose peaks were just restarted from its currents).
     pub fn go_quiet(&mut self, room: [i64; SLOTS], stats: &DeviceStats) {
-        self.quiet = true;
-        self.room = room;
+        self.mode = Mode::Quiet;
         for_slots(&mut stats.clone(), |i, s| {
             self.allow[i] = s.current + room[i]
         });
+        self.allow[NO_SLOT] = UNBOUNDED;
     }
 
     /// In a window that began quiet, at the cut (the shard at `stats`): per slot, the
@@ -107,26 +152,26 @@ impl StatLog {
     pub fn base(&self, stats: &DeviceStats) -> [i64; SLOTS] {
         let mut out = [0; SLOTS];
         for_slots(&mut stats.clone(), |i, s| {
-            out[i] = match self.quiet {
-                true => s.current,
-                false => self.allow[i] - self.room[i],
+            out[i] = match self.mode {
+                Mode::Loud => self.base[i],
+                Mode::Quiet | Mode::Off => s.current,
             }
         });
         out
     }
 
-    /// Logs every change until the next merge.
+    /// Logs every change until the next merge (a merge that could give no allowances;
+    /// the flag is set).
     pub fn go_loud(&mut self) {
-        self.quiet = false;
+        self.mode = Mode::Loud;
     }
 
     /// A shard created while the logs are on: quiet with no allowance (its first
-    /// increase sets the flag), or logging at once when the flag is set.
+    /// increase passes it), or loud from its first change when the flag is set.
     pub fn start_quiet(&mut self) {
-        self.quiet = true;
-        self.room = [0; SLOTS];
-        self.room[NO_SLOT] = UNBOUNDED;
+        self.mode = Mode::Quiet;
         self.allow = [0; SLOTS];
+        self.allow[NO_SLOT] = UNBOUNDED;
     }
 }
 

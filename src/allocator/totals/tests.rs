@@ -1,6 +1,7 @@
 //! Unit tests of the statistics logs and their merges.
 
 use super::*;
+use std::sync::atomic::Ordering;
 
 /// Logs `changes` to `pool` as the statistics updates do.
 fn rec<const N: usize>(l: &mut StatLog, pool: StatType, changes: [(Kind, i64); N]) {
@@ -9,7 +10,7 @@ fn rec<const N: usize>(l: &mut StatLog, pool: StatType, changes: [(Kind, i64); N
 
 fn log() -> StatLog {
     StatLog {
-        on: true,
+        mode: Mode::Loud,
         ..StatLog::default()
     }
 }
@@ -215,4 +216,73 @@ fn allowances_sum_to_at_most_the_peak() {
         shard(Kind::Active, StatType::LargePool, 5, 5),
     );
     assert_eq!(room(&a, &b), None);
+}
+
+/// A shard's accounting on an allocator of its own, quiet at a merge with `room`
+/// (allowance less current) in every slot but the oversize counters'.
+fn quiet_accounting(room: i64) -> (crate::allocator::shard::Accounting, Arc<Shared>) {
+    let (_sim, shared) = crate::allocator::shard::testing::device(1 << 30, "");
+    let mut acct = crate::allocator::shard::Accounting {
+        log: StatLog::new(shared.clone()),
+        ..Default::default()
+    };
+    acct.log.start();
+    acct.log.open_window(&mut acct.stats);
+    acct.log.go_quiet([room; SLOTS], &acct.stats);
+    (acct, shared)
+}
+
+#[test]
+fn a_quiet_group_passing_its_allowance_at_its_second_change_is_logged_whole() {
+    // Allowances 100 in every slot. One group: +1 allocation (within), +200 allocated
+    // bytes (past): the flag is set, the shard turns loud and logs the whole group
+    // (the first change too), and its replay base is its value before the group.
+    let (mut acct, shared) = quiet_accounting(100);
+    acct.increase_all(StatType::SmallPool, &[(Kind::Allocation, 7)]);
+    assert!(!acct.log.is_loud(), "within its allowance: quiet");
+    let changes = [(Kind::Allocation, 1), (Kind::AllocatedBytes, 200)];
+    acct.increase_all(StatType::SmallPool, &changes);
+    assert!(
+        shared.stats_logging.load(Ordering::SeqCst),
+        "the flag is set"
+    );
+    assert!(acct.log.is_loud());
+    let words = acct.log.swap(Vec::new());
+    assert_eq!(words.len(), 3, "a header and both changes: {words:x?}");
+    assert_ne!(words[0] & HEADER, 0);
+    assert_eq!(
+        &words[1..],
+        &[
+            pack(Kind::Allocation, StatType::SmallPool, 1),
+            pack(Kind::AllocatedBytes, StatType::SmallPool, 200)
+        ]
+    );
+    let base = acct.log.base(&acct.stats);
+    let (count, bytes) = (slot(0, 1), slot(4, 1));
+    assert_eq!((base[count], base[slot(0, 0)]), (7, 7));
+    assert_eq!((base[bytes], base[slot(4, 0)]), (0, 0));
+    // Loud from now on: a decrease is logged too.
+    acct.decrease_all(StatType::SmallPool, &[(Kind::AllocatedBytes, 200)]);
+    assert_eq!(acct.log.swap(Vec::new()).len(), 2);
+}
+
+#[test]
+fn a_per_stream_peak_rises_through_a_quiet_window() {
+    // Allowances 100: +60 allocated bytes and back stays quiet (nothing logged, the
+    // flag clear), yet the shard's own peak is 60, and stays its per-stream peak
+    // after the next merge restarts its window.
+    let (mut acct, shared) = quiet_accounting(100);
+    let big = [(Kind::AllocatedBytes, 60)];
+    acct.increase_all(StatType::LargePool, &big);
+    acct.decrease_all(StatType::LargePool, &big);
+    assert!(!shared.stats_logging.load(Ordering::SeqCst));
+    assert!(!acct.log.is_loud());
+    assert!(acct.log.swap(Vec::new()).is_empty(), "nothing logged");
+    let peaks = |s: &DeviceStats| (s.allocated_bytes[0].peak, s.allocated_bytes[2].peak);
+    assert_eq!(peaks(&acct.stats), (60, 60));
+    acct.log.open_window(&mut acct.stats);
+    assert_eq!(peaks(&acct.stats), (0, 0), "a new window");
+    let mut per_stream = acct.stats;
+    acct.log.stream_peaks(&mut per_stream);
+    assert_eq!(peaks(&per_stream), (60, 60));
 }
