@@ -4,6 +4,10 @@
 //! The rungs, in order (each one only when the ones above found nothing):
 //! 1. **own cache**: the hot cache, then best fit in this stream's free lists (first
 //!    the block of a deferred merge, when best fit would split it off the merged block);
+//!    once a device malloc has failed, best fit does not split a whole segment twice
+//!    the request's size or more that the device could not give back
+//!    (`keep_whole.rs`): the request grows instead, its own size first, and takes that
+//!    segment only if growth fails (before rung 5's release);
 //! 2. **merged cache**: the hot cache merged into the free lists, best fit again;
 //! 3. **lending**: garbage collection (with a memory fraction), a wholly free segment of
 //!    another stream, then a free block of another stream (`lending.rs`); with
@@ -61,6 +65,9 @@ pub(super) struct Request {
     pub kind: PoolKind,
     /// The stream that will use the block: this shard's own, or a borrower's.
     pub stream: StreamHandle,
+    /// Best fit's block for it in the own cache was kept whole (`keep_whole.rs`): it
+    /// grows the least it can. Set once the own cache missed.
+    pub kept_whole: bool,
 }
 
 impl ShardState {
@@ -77,6 +84,7 @@ impl ShardState {
             rounded,
             kind: PoolKind::for_size(rounded),
             stream: self.stream,
+            kept_whole: false,
         })
     }
 
@@ -118,7 +126,7 @@ impl ShardState {
             PoolKind::Large => None,
         };
         hot.or_else(|| self.take_unmerged(req.kind, req.rounded))
-            .or_else(|| self.get_free_block(req.kind, req.rounded))
+            .or_else(|| self.get_own_free_block(req.kind, req.rounded))
     }
 
     /// Rungs 2 to 6, for a request the own cache could not serve. Looks at the device's
@@ -150,6 +158,10 @@ impl ShardState {
         if let Some(id) = self.take_merged_cache(req) {
             return Ok(Some(Grant::Own(id)));
         }
+        let req = &Request {
+            kept_whole: self.keeps_whole_for(req),
+            ..*req
+        };
         if others_released {
             return self.release_all_and_grow(req, seg_size, peers).map(Some);
         }
@@ -191,6 +203,10 @@ impl ShardState {
                 return Ok(Some(Grant::Own(id)));
             }
         }
+        // Growth failed: a whole segment kept for its size serves after all.
+        if let Some(id) = self.take_kept_whole(req) {
+            return Ok(Some(Grant::Own(id)));
+        }
         if let Some(id) = self.release_oversize_and_grow(req, seg_size)? {
             return Ok(Some(Grant::Own(id)));
         }
@@ -209,7 +225,7 @@ impl ShardState {
     /// fit), best fit again.
     fn take_merged_cache(&mut self, req: &Request) -> Option<BlockId> {
         if self.flush_hot() {
-            return self.get_free_block(req.kind, req.rounded);
+            return self.get_own_free_block(req.kind, req.rounded);
         }
         None
     }
@@ -385,9 +401,18 @@ impl ShardState {
     /// larger one that does not (measured: without it the defaults ran out of memory
     /// at PyTorch's smallest device on most derived cases, benches/README.md).
     fn alloc_segment(&mut self, req: &Request, seg_size: usize) -> Result<Option<BlockId>, Error> {
+        if req.kept_whole {
+            // Memory is short and a whole segment waits for its size: the least.
+            if let Some(exact) = self.exact_segment_size(req).filter(|&e| e < seg_size) {
+                if let Some(id) = self.alloc_block(exact, req.stream, req.kind)? {
+                    return Ok(Some(id));
+                }
+            }
+        }
         if let Some(id) = self.alloc_block(seg_size, req.stream, req.kind)? {
             return Ok(Some(id));
         }
+        self.shared.growth_failed.store(true, Ordering::Relaxed);
         let pytorch = match allocation_size(req.rounded) {
             Some(pytorch) if pytorch < seg_size => pytorch,
             _ => seg_size,

@@ -236,11 +236,27 @@ impl ShardState {
     /// shard's, allocated, with the borrower as its user; once freed it comes back at
     /// once, dirty on the borrower (`return_lent`).
     pub(super) fn lend_block(&mut self, req: &Request) -> Option<DevicePtr> {
+        self.lend_block_as::<false>(req)
+    }
+
+    /// `lend_block` for a borrower's fresh request (`borrow_block`): under memory
+    /// pressure, a whole segment of this shard may be kept for its size instead
+    /// (`keep_whole.rs`), as for this shard's own requests. Not for a pending free
+    /// (`pressure.rs`), which is taken for the request it was chosen for.
+    pub(super) fn lend_block_keeping_whole(&mut self, req: &Request) -> Option<DevicePtr> {
+        self.lend_block_as::<true>(req)
+    }
+
+    fn lend_block_as<const KEEP_WHOLE: bool>(&mut self, req: &Request) -> Option<DevicePtr> {
         if self.capture.capturing.is_some() {
             return None;
         }
         let (own, borrower) = (self.stream, req.stream);
-        let id = self.get_free_block(req.kind, req.rounded)?;
+        let id = if KEEP_WHOLE {
+            self.get_own_free_block(req.kind, req.rounded)?
+        } else {
+            self.get_free_block(req.kind, req.rounded)?
+        };
         if self.order_after(borrower, own).is_err() {
             self.pool_insert(id);
             return None;
@@ -266,7 +282,7 @@ impl ShardState {
         }
         let mut lent = None;
         peers.visit(&mut |other| {
-            lent = other.lend_block(req);
+            lent = other.lend_block_keeping_whole(req);
             lent.is_none()
         });
         if lent.is_some() && remember {
