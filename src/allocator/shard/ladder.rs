@@ -167,7 +167,7 @@ impl ShardState {
         }
         if self.shared.config.expandable_segments {
             // Another stream's free block before mapping pages.
-            if let Some(ptr) = self.borrow_block(req, false, peers) {
+            if let Some(ptr) = self.borrow_block(req, false, true, peers) {
                 return Ok(Some(Grant::Lent(ptr)));
             }
             return Ok(self.grow_pages(req, peers)?.map(Grant::Own));
@@ -190,7 +190,7 @@ impl ShardState {
         if let Some(id) = self.borrow_segment(req, seg_size, !regrow, peers)? {
             return Ok(Some(Grant::Own(id)));
         }
-        if let Some(ptr) = self.borrow_block(req, !regrow, peers) {
+        if let Some(ptr) = self.borrow_block(req, !regrow, true, peers) {
             return Ok(Some(Grant::Lent(ptr)));
         }
         if self.over_budget(seg_size) {
@@ -290,7 +290,7 @@ impl ShardState {
         }
         // The frees just synchronised may have left a fitting free block on another
         // stream: lend it rather than fail (`peers` is `NoPeers` on PyTorch's path).
-        if let Some(ptr) = self.borrow_block(req, false, peers) {
+        if let Some(ptr) = self.borrow_block(req, false, false, peers) {
             return Ok(Grant::Lent(ptr));
         }
         let asked = if expandable {

@@ -270,11 +270,13 @@ impl ShardState {
 
     /// Block lending, the borrower's side (`lend_blocks`; never while capturing): another
     /// stream's free block for this request (see `lend_block`). `remember`: count the
-    /// borrow for the repeat rule (module doc).
+    /// borrow for the repeat rule (module doc). `keep_whole`: the lender may keep a
+    /// whole segment for its size (`keep_whole.rs`; not at the last rung).
     pub(super) fn borrow_block(
         &mut self,
         req: &Request,
         remember: bool,
+        keep_whole: bool,
         peers: &dyn Peers,
     ) -> Option<DevicePtr> {
         if !self.shared.config.lend_blocks || self.capture.capturing.is_some() {
@@ -282,7 +284,11 @@ impl ShardState {
         }
         let mut lent = None;
         peers.visit(&mut |other| {
-            lent = other.lend_block_keeping_whole(req);
+            lent = if keep_whole {
+                other.lend_block_keeping_whole(req)
+            } else {
+                other.lend_block(req)
+            };
             lent.is_none()
         });
         if lent.is_some() && remember {
