@@ -18,8 +18,8 @@
 //! 4. **grow**: idle empty segments back first if reserved memory would pass its
 //!    high-water mark (not those of steady streams), then a device malloc (with
 //!    expandable segments: map pages; when the device or the memory fraction cannot
-//!    give an adaptive segment, PyTorch's smaller size, `alloc_segment`; also in rungs
-//!    5 and 6);
+//!    give an adaptive segment, the request's own size rounded to 2 MiB, then
+//!    PyTorch's size, `alloc_segment`; also in rungs 5 and 6);
 //!    past the reserve budget, the device-side wait of rung 5 first;
 //! 5. **release and grow**: oversize cached blocks back (`max_split_size_mb`), grow
 //!    again; then **wait on the device** for a pending free that fits: this stream's
@@ -396,10 +396,12 @@ impl ShardState {
     }
 
     /// A new segment for `req`: `seg_size` bytes, or, when the device (or the memory
-    /// fraction) cannot give that many and adaptive sizing made it larger than
-    /// PyTorch's, PyTorch's size: memory is short, and a segment that fits beats a
-    /// larger one that does not (measured: without it the defaults ran out of memory
-    /// at PyTorch's smallest device on most derived cases, benches/README.md).
+    /// fraction) cannot give that many, the request's own size rounded to 2 MiB
+    /// (adaptive sizing only), then PyTorch's size if that is smaller than `seg_size`:
+    /// memory is short, and a segment that fits beats a larger one that does not
+    /// (measured: without it the defaults ran out of memory at PyTorch's smallest
+    /// device on most derived cases, benches/README.md). A request whose block was kept
+    /// whole (`keep_whole.rs`) tries its own size first.
     fn alloc_segment(&mut self, req: &Request, seg_size: usize) -> Result<Option<BlockId>, Error> {
         if req.kept_whole {
             // Memory is short and a whole segment waits for its size: the least.
@@ -413,6 +415,14 @@ impl ShardState {
             return Ok(Some(id));
         }
         self.shared.growth_failed.store(true, Ordering::Relaxed);
+        // Memory is short: the least first (measured: before PyTorch's 20 MiB for a 1
+        // to 10 MiB request, unet_train's smallest device 1,680 → 1,674 MiB, PyTorch's;
+        // benches/README.md, issue #16's fourth pass).
+        if let Some(exact) = self.exact_segment_size(req).filter(|&e| e < seg_size) {
+            if let Some(id) = self.alloc_block(exact, req.stream, req.kind)? {
+                return Ok(Some(id));
+            }
+        }
         let pytorch = match allocation_size(req.rounded) {
             Some(pytorch) if pytorch < seg_size => pytorch,
             _ => seg_size,
@@ -546,6 +556,20 @@ mod tests {
         let mut st = super::super::ShardState::new(crate::device::StreamHandle::DEFAULT, shared);
         assert_eq!(st.malloc(9 << 20, false, &NoPeers).unwrap(), None);
         assert_eq!(sim.counters(0).mallocs, 0);
+    }
+
+    #[test]
+    fn a_short_device_takes_the_exact_segment_before_pytorchs_20_mib() {
+        // A live 170 MiB segment makes 4 MiB ask for a 22 MiB adaptive segment (1/8 of
+        // the high-water mark); 20 MiB are left: PyTorch's 20 MiB would fit, but the
+        // request's own 4 MiB come first once the adaptive one failed.
+        let (sim, shared) = device(190 << 20, "");
+        let mut st = super::super::ShardState::new(crate::device::StreamHandle::DEFAULT, shared);
+        assert!(st.malloc(170 << 20, false, &NoPeers).unwrap().is_some());
+        assert_eq!(st.segment_size(4 << 20), Some(22 << 20));
+        assert!(st.malloc(4 << 20, false, &NoPeers).unwrap().is_some());
+        assert_eq!((sim.counters(0).mallocs, st.acct.reserved), (2, 174 << 20));
+        check(&st);
     }
 
     #[test]
