@@ -83,6 +83,9 @@ pub(crate) struct Shared {
     /// Reserved bytes per graph-private pool, over every shard (a pool spans the streams
     /// routed to it); written only where a pool's device memory grows or shrinks.
     pub private_reserved: Mutex<PrivatePoolReserved>,
+    /// Set (for good) when a device malloc for a new segment first failed: memory
+    /// pressure was seen, and best fit keeps whole segments (`shard/keep_whole.rs`).
+    pub growth_failed: AtomicBool,
 }
 
 impl Shared {
@@ -111,6 +114,7 @@ impl Shared {
             capturing: Mutex::new(Vec::new()),
             capture_count: AtomicUsize::new(0),
             private_reserved: Mutex::new(PrivatePoolReserved::default()),
+            growth_failed: AtomicBool::new(false),
         }
     }
 

@@ -54,6 +54,21 @@ impl ShardState {
     /// PyTorch's `get_free_block`: best fit in the pool allocations go to now,
     /// honouring max_split_size.
     pub(super) fn get_free_block(&mut self, kind: PoolKind, size: usize) -> Option<BlockId> {
+        self.best_fit_as::<false>(kind, size)
+    }
+
+    /// `get_free_block` for this stream's own request on the ladder's cache rungs: a
+    /// whole segment may also be kept whole for its size (`keep_whole.rs`).
+    pub(super) fn get_own_free_block(&mut self, kind: PoolKind, size: usize) -> Option<BlockId> {
+        self.best_fit_as::<true>(kind, size)
+    }
+
+    #[inline(always)]
+    fn best_fit_as<const KEEP_WHOLE: bool>(
+        &mut self,
+        kind: PoolKind,
+        size: usize,
+    ) -> Option<BlockId> {
         self.finish_merge();
         if self.gc_enabled() {
             self.reclaim.gc_calls += 1;
@@ -70,6 +85,9 @@ impl ShardState {
         if size >= max_split
             && bsize >= size.saturating_add(self.shared.config.max_non_split_rounding)
         {
+            return None;
+        }
+        if KEEP_WHOLE && self.keeps_whole(kind, id, bsize, size) {
             return None;
         }
         self.pool_remove(id);

@@ -236,11 +236,27 @@ impl ShardState {
     /// shard's, allocated, with the borrower as its user; once freed it comes back at
     /// once, dirty on the borrower (`return_lent`).
     pub(super) fn lend_block(&mut self, req: &Request) -> Option<DevicePtr> {
+        self.lend_block_as::<false>(req)
+    }
+
+    /// `lend_block` for a borrower's fresh request (`borrow_block`): under memory
+    /// pressure, a whole segment of this shard may be kept for its size instead
+    /// (`keep_whole.rs`), as for this shard's own requests. Not for a pending free
+    /// (`pressure.rs`), which is taken for the request it was chosen for.
+    pub(super) fn lend_block_keeping_whole(&mut self, req: &Request) -> Option<DevicePtr> {
+        self.lend_block_as::<true>(req)
+    }
+
+    fn lend_block_as<const KEEP_WHOLE: bool>(&mut self, req: &Request) -> Option<DevicePtr> {
         if self.capture.capturing.is_some() {
             return None;
         }
         let (own, borrower) = (self.stream, req.stream);
-        let id = self.get_free_block(req.kind, req.rounded)?;
+        let id = if KEEP_WHOLE {
+            self.get_own_free_block(req.kind, req.rounded)?
+        } else {
+            self.get_free_block(req.kind, req.rounded)?
+        };
         if self.order_after(borrower, own).is_err() {
             self.pool_insert(id);
             return None;
@@ -254,11 +270,13 @@ impl ShardState {
 
     /// Block lending, the borrower's side (`lend_blocks`; never while capturing): another
     /// stream's free block for this request (see `lend_block`). `remember`: count the
-    /// borrow for the repeat rule (module doc).
+    /// borrow for the repeat rule (module doc). `keep_whole`: the lender may keep a
+    /// whole segment for its size (`keep_whole.rs`; not at the last rung).
     pub(super) fn borrow_block(
         &mut self,
         req: &Request,
         remember: bool,
+        keep_whole: bool,
         peers: &dyn Peers,
     ) -> Option<DevicePtr> {
         if !self.shared.config.lend_blocks || self.capture.capturing.is_some() {
@@ -266,7 +284,11 @@ impl ShardState {
         }
         let mut lent = None;
         peers.visit(&mut |other| {
-            lent = other.lend_block(req);
+            lent = if keep_whole {
+                other.lend_block_keeping_whole(req)
+            } else {
+                other.lend_block(req)
+            };
             lent.is_none()
         });
         if lent.is_some() && remember {

@@ -10,6 +10,7 @@
 //! | `ordering.rs` | device-side waits between streams, fences, dirty marks (shared by lending and release) |
 //! | `lending.rs` | lending segments and blocks to other streams' shards |
 //! | `pressure.rs` | memory pressure: a device-side wait for a pending free instead of growth |
+//! | `keep_whole.rs` | memory pressure: a whole free segment kept for a request of its size |
 //! | `release.rs` | giving segments back: cache release, reclaim before growth, GC |
 //! | `capture.rs` | graph-private pools and capture |
 //! | `expandable.rs` | expandable segments: mapping and unmapping pages |
@@ -29,6 +30,7 @@ mod events;
 mod expandable;
 mod free_lists;
 mod inspect;
+mod keep_whole;
 mod ladder;
 mod lazy_merge;
 mod lending;
