@@ -77,11 +77,11 @@ fuzz() {
 
 tsan() {
   need_nightly rust-src || return 0
-  echo "== ThreadSanitizer: concurrent tests (threaded simulated device, soak) =="
+  echo "== ThreadSanitizer: concurrent tests (threaded simulated device, soak, exact statistics) =="
   RUSTFLAGS="-Zsanitizer=thread" RUSTDOCFLAGS="-Zsanitizer=thread" TSAN_OPTIONS="halt_on_error=1" \
     NPUALLOC_SOAK_OPS=${NPUALLOC_SOAK_OPS:-200000} nice -n 10 \
     cargo +nightly test -Zbuild-std --target "$(rustc -vV | sed -n 's/^host: //p')" \
-    --target-dir target/tsan --test all -- stress:: soak:: lending:: cross_stream::
+    --target-dir target/tsan --test all -- stress:: soak:: lending:: cross_stream:: exact_stats
 }
 
 case "${1:-}" in
