@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests.
 
-use std::sync::Arc;
+use std::sync::{Arc, Barrier};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -114,6 +115,46 @@ pub fn build_c_library(src: &str, flags: &[&str], out: &std::path::Path) {
         .status()
         .expect("run cc to build a test library");
     assert!(status.success(), "building {} failed", src.display());
+}
+
+/// A manual-mode simulated device of `capacity` bytes with `conf`, and `threads`
+/// threads on their own streams (thread 0 on the default stream), each running `rounds`
+/// rounds: allocate `sizes(t, r)`, wait `waits.0` times at the returned barrier (the
+/// round's allocations live), free them, wait `waits.1` times. The barrier counts the
+/// threads and the caller, whose waits set what each test observes between them.
+pub fn round_workers(
+    capacity: usize,
+    conf: &str,
+    threads: usize,
+    rounds: usize,
+    sizes: fn(usize, usize) -> Vec<usize>,
+    waits: (usize, usize),
+) -> (Arc<CachingAllocator>, Arc<Barrier>, Vec<JoinHandle<()>>) {
+    let (sim, a) = with(capacity, SimMode::Manual, false, conf);
+    let a = Arc::new(a);
+    let streams = default_and_new_streams(&sim, threads);
+    let barrier = Arc::new(Barrier::new(threads + 1));
+    let workers = (0..threads)
+        .map(|t| {
+            let (a, b, stream) = (a.clone(), barrier.clone(), streams[t]);
+            std::thread::spawn(move || {
+                for r in 0..rounds {
+                    let ptrs: Vec<_> = sizes(t, r)
+                        .into_iter()
+                        .map(|n| a.malloc(n, stream).unwrap())
+                        .collect();
+                    (0..waits.0).for_each(|_| {
+                        b.wait();
+                    });
+                    ptrs.into_iter().for_each(|p| a.free(p).unwrap());
+                    (0..waits.1).for_each(|_| {
+                        b.wait();
+                    });
+                }
+            })
+        })
+        .collect();
+    (a, barrier, workers)
 }
 
 /// `n` streams for `n` threads: the default stream, then `n - 1` new streams of `sim`.

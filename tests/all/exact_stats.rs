@@ -2,7 +2,7 @@
 //! aggregate current is the sum over streams, and every aggregate peak the highest
 //! value that sum took (PyTorch's meaning), not the largest per-stream peak.
 
-use std::sync::{Arc, Barrier};
+use std::sync::Arc;
 
 use npualloc::device::sim::SimMode;
 use npualloc::stats::{DeviceStats, Stat};
@@ -330,31 +330,11 @@ fn threads_on_their_own_streams_report_the_true_peak() {
 fn threads_on_own_streams(conf: &str) {
     const THREADS: usize = 4;
     const ROUNDS: usize = 12;
-    let (sim, a) = with(1 << 34, SimMode::Manual, false, conf);
-    let a = Arc::new(a);
-    let streams = default_and_new_streams(&sim, THREADS);
     // A round's allocations are all live at its first barrier and all freed before the
     // next round's start: the true peak is the largest round total, in any order of
-    // the threads' operations consistent with the barriers.
-    let barrier = Arc::new(Barrier::new(THREADS + 1));
-    let workers: Vec<_> = (0..THREADS)
-        .map(|t| {
-            let (a, b, stream) = (a.clone(), barrier.clone(), streams[t]);
-            std::thread::spawn(move || {
-                for r in 0..ROUNDS {
-                    let ptrs: Vec<_> = round_sizes(t, r)
-                        .into_iter()
-                        .map(|n| a.malloc(n, stream).unwrap())
-                        .collect();
-                    b.wait(); // every allocation of the round is live
-                    b.wait(); // the main thread has looked
-                    ptrs.into_iter().for_each(|p| a.free(p).unwrap());
-                    b.wait(); // every one is freed before the next round
-                    b.wait(); // the main thread has looked
-                }
-            })
-        })
-        .collect();
+    // the threads' operations consistent with the barriers. Per round: the allocations
+    // live, two waits (the main thread looks between them); freed, two more.
+    let (a, barrier, workers) = round_workers(1 << 34, conf, THREADS, ROUNDS, round_sizes, (2, 2));
     // The main thread samples at the barriers: each current is the sum of what is live
     // (a consistent cut), and no peak is ever below a sum observed so far.
     let mut seen = DeviceStats::default();

@@ -2,8 +2,6 @@
 //! log nothing while each stays within its allowance; a shard that passes its
 //! allowance turns every shard's log back on, and the peaks stay the true ones.
 
-use std::sync::{Arc, Barrier};
-
 use npualloc::device::sim::SimMode;
 use npualloc::stats::DeviceStats;
 use npualloc::{CachingAllocator, DevicePtr, StreamHandle};
@@ -236,27 +234,9 @@ fn threads_between_queries(conf: &str) {
     // total.
     const THREADS: usize = 4;
     const ROUNDS: usize = 40;
-    let (sim, a) = with(1 << 36, SimMode::Manual, false, conf);
-    let a = Arc::new(a);
-    let streams = default_and_new_streams(&sim, THREADS);
-    let barrier = Arc::new(Barrier::new(THREADS + 1));
-    let workers: Vec<_> = (0..THREADS)
-        .map(|t| {
-            let (a, b, stream) = (a.clone(), barrier.clone(), streams[t]);
-            std::thread::spawn(move || {
-                for r in 0..ROUNDS {
-                    let ptrs: Vec<_> = sizes(t, r)
-                        .into_iter()
-                        .map(|n| a.malloc(n, stream).unwrap())
-                        .collect();
-                    b.wait(); // every allocation of the round is live
-                    ptrs.into_iter().for_each(|p| a.free(p).unwrap());
-                    b.wait(); // every one is freed
-                    b.wait(); // the main thread has looked (or not)
-                }
-            })
-        })
-        .collect();
+    // Per round: the allocations live, one wait; freed, then two (the main thread
+    // looks, or not, between them).
+    let (a, barrier, workers) = round_workers(1 << 36, conf, THREADS, ROUNDS, sizes, (1, 2));
     let (mut req, mut count) = (0i64, 0i64);
     for r in 0..ROUNDS {
         barrier.wait();
