@@ -177,6 +177,12 @@ impl ShardState {
     /// workload settles with no device frees. A steady shard (`lending.rs`) gives
     /// nothing back, and its idle segments are not taken by another stream's growth:
     /// at steady state they are its loop's, needed again.
+    ///
+    /// Measured cost (benches/README.md, *Session 9, w1*): a segment returned for a
+    /// growth of the other pool (a large one for a 2 MiB small-pool segment) is what a
+    /// repeated workload's second pass makes again (mlp_infer, bert_infer_varlen: one
+    /// device malloc each, the one-pass mark 2 MiB under PyTorch's); every rule tried
+    /// that blocks such reclaims lost an uncapped figure elsewhere.
     pub(super) fn release_empty_before_growth(&mut self, seg_size: usize, peers: &dyn Peers) {
         let index = self.index;
         if !self.shared.config.reclaim_before_growth || self.capture_underway() {
