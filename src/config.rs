@@ -12,8 +12,9 @@
 //! rounding; [`TORCH_NPU_POLICY`] sets torch_npu's 32) and `base_addr_aligned_kb`
 //! (torch_npu's head split with expandable segments, off by default; the preset sets
 //! torch_npu's 16), and `expandable_best_fit` (PyTorch's best fit with expandable
-//! segments, which npualloc's default leaves out: on in both presets), and
-//! `exact_stats` (exact device-wide peaks with several streams, on by default).
+//! segments, which npualloc's default leaves out: on in both presets),
+//! `adaptive_pages` (expandable large-pool pages scaled to the workload, off by
+//! default), and `exact_stats` (exact device-wide peaks with several streams, on by default).
 //! `Config::parse_torch_npu` reads `PYTORCH_NPU_ALLOC_CONF` as torch_npu 2.14
 //! does: every key torch_npu accepts is accepted (equivalents honoured, the rest listed
 //! as ignored).
@@ -110,6 +111,11 @@ pub struct Config {
     /// (`expandable_best_fit:True`). Off by default: the smallest block that fits,
     /// growable or not (the figures of `benches/README.md` were measured so).
     pub expandable_best_fit: bool,
+    /// With expandable segments, the large pool's page (mapping granule) scales with
+    /// the reserved high-water mark: 2 MiB doubling up to `large_segment_size_mb`, at
+    /// most 1/256 of the mark (`adaptive_pages:True`, npualloc's own;
+    /// `shard/expandable.rs`). Off by default: every page is `large_segment_size_mb`.
+    pub adaptive_pages: bool,
     /// With expandable segments, a request of [`HEAD_ALIGN_MIN`] or more (rounded) is
     /// served at the first multiple of this many bytes in the block found, the bytes
     /// before it split off as a free block, when the rest still holds the request
@@ -147,6 +153,7 @@ impl Default for Config {
             request_padding: 0,
             base_addr_align: 0,
             expandable_best_fit: false,
+            adaptive_pages: false,
             wait_before_growth: true,
             reserve_budget: None,
             exact_stats: true,
@@ -296,6 +303,9 @@ impl Config {
                 }
                 "expandable_best_fit" => {
                     cfg.expandable_best_fit = parse_bool(key, value)?;
+                }
+                "adaptive_pages" => {
+                    cfg.adaptive_pages = parse_bool(key, value)?;
                 }
                 "base_addr_aligned_kb" => {
                     cfg.base_addr_align = parse_align_kb(key, value)?;

@@ -10,6 +10,12 @@
 //! unmapping does not wait for queued work) before reserved memory grows past its
 //! high-water mark, on `empty_cache`, and before an out-of-memory error.
 //!
+//! With `adaptive_pages:True` the page (mapping granule) of the large pool scales with
+//! the workload: 2 MiB while reserved memory is small, doubling as its high-water mark
+//! grows, up to `large_segment_size_mb` ([`ShardState::vm_page`]); growth maps into a
+//! reservation of the current granule, so pages of one reservation are all of one
+//! size. The small pool, and the default, keep the configured page sizes.
+//!
 //! Blocks of a segment tile its mapped pages; each maximal run of mapped pages is one
 //! chain of blocks, counted as one segment in statistics and snapshots.
 
@@ -33,6 +39,16 @@ const SMALL_RESERVATION: usize = 2 << 30;
 /// 1/32 took 28 and 730, same peak.
 const UNMAP_SLACK_DIVISOR: usize = 32;
 
+/// With `adaptive_pages`, the large pool's page size (the mapping granule) is at
+/// most this fraction of the reserved high-water mark ([`vm_page`](ShardState::vm_page)).
+/// Measured on the 20 traces (`--conf expandable_segments:True`, benches/README.md,
+/// session 9 w3): 1/64 left unet_train at 1.022 (1.016 with fixed 20 MiB pages), 1/128
+/// at 1.016 (PyTorch's smallest device 1.013), 1/256 at 1.011, every other trace at or
+/// under both; page maps 4,864 / 6,775 / 8,936 in all (1,529 with 20 MiB pages).
+const GRANULE_DIVISOR: usize = 256;
+/// The smallest granule (bytes): the smallest `large_segment_size_mb`.
+const GRANULE_MIN: usize = 2 << 20;
+
 /// A run of mapped pages: its chain's first and last block.
 struct Run {
     start: DevicePtr,
@@ -55,10 +71,13 @@ impl ShardState {
     /// Reserves a new expandable segment for (`stream`, current pool, `kind`): 9/8 of
     /// device memory for the large pool (PyTorch's size), at most 2 GiB for the small
     /// one (torch_npu's cap); another is reserved when one fills up.
-    fn vm_reserve_segment(&mut self, stream: StreamHandle, kind: PoolKind) -> Result<usize, Error> {
+    fn vm_reserve_segment(
+        &mut self,
+        stream: StreamHandle,
+        kind: PoolKind,
+        page: usize,
+    ) -> Result<usize, Error> {
         let index = self.index;
-        // The page size was checked against the device's granularity at creation.
-        let page = self.shared.config.page_size(kind);
         let total = self.dev.mem_info(index)?.total;
         let cap = match kind {
             PoolKind::Small => SMALL_RESERVATION,
@@ -70,6 +89,30 @@ impl ShardState {
         Ok(self
             .vm
             .insert(VmSegment::new(base, page, pages, stream, pool, kind)))
+    }
+
+    /// The page size growth of `kind` maps now. The small pool, and the large pool
+    /// without `adaptive_pages`: the configured size (checked against the device's
+    /// granularity at creation). The large pool with `adaptive_pages`: a granule
+    /// scaled to the workload, as adaptive segments scale ordinary ones: the largest of 2 MiB (or the
+    /// device's granularity) doubled that is at most 1/256 of the reserved high-water
+    /// mark (this stream's, but at least half the device's), capped at
+    /// `large_segment_size_mb` (20 MiB by default: 2 MiB pages below a 1 GiB mark,
+    /// 4 below 2 GiB, 8 below 4 GiB, 16 below 8 GiB, then 20). Each granule maps into reservations of its own (`vm_grow`), so a
+    /// small workload maps 2 MiB pages and a large one keeps the configured page.
+    pub(super) fn vm_page(&self, kind: PoolKind) -> usize {
+        let config = &self.shared.config;
+        let top = config.page_size(kind);
+        if kind == PoolKind::Small || !config.adaptive_pages {
+            return top;
+        }
+        let grain = self.dev.vm_granularity(self.index).unwrap_or(top);
+        let mut page = GRANULE_MIN.next_multiple_of(grain.max(1));
+        let target = self.acct.reserved_hwm.max(self.shared.hwm() / 2) / GRANULE_DIVISOR;
+        while page < top && page * 2 <= target {
+            page *= 2;
+        }
+        page.min(top)
     }
 
     /// The bytes torch_npu's head split (`base_addr_aligned_kb`) takes off the front of
@@ -208,10 +251,15 @@ impl ShardState {
         rounded: usize,
     ) -> Result<Option<BlockId>, Error> {
         let pool = self.route();
+        let page = self.vm_page(kind);
+        // Only segments of today's granule grow: pages mapped with a smaller one stay
+        // in use until they are free and unmapped.
         let mine: Vec<usize> = self
             .vm
             .iter()
-            .filter(|(_, s)| s.stream == stream && s.pool == pool && s.kind == kind)
+            .filter(|(_, s)| {
+                s.stream == stream && s.pool == pool && s.kind == kind && s.page == page
+            })
             .map(|(i, _)| i)
             .collect();
         // Best: fewest pages, then the oldest segment, then the lowest address.
@@ -227,7 +275,7 @@ impl ShardState {
             Some(b) => b,
             None => {
                 // None yet, or every reservation is full.
-                let seg = self.vm_reserve_segment(stream, kind)?;
+                let seg = self.vm_reserve_segment(stream, kind, page)?;
                 match self.vm_fit(seg, rounded) {
                     Some(fit) => (seg, fit),
                     None => return Ok(None), // larger than a whole reservation
@@ -346,6 +394,7 @@ impl ShardState {
         }
         self.count_split(&touched, true);
         self.acct.reserved += bytes;
+        self.acct.reserved_hwm = self.acct.reserved_hwm.max(self.acct.reserved);
         let st = kind.stat_type();
         self.acct.increase(Kind::ReservedBytes, st, bytes);
         self.note_pool_reserved(pool, kind, bytes, true);
@@ -610,6 +659,39 @@ mod tests {
         }
         st.finish_merge();
         check(&st);
+    }
+
+    /// The large pool's granule grows with the reserved mark: a first 3 MiB request
+    /// maps two 2 MiB pages (4 MiB, not one 20 MiB page); past a 1 GiB mark the next
+    /// growth maps 4 MiB pages, in a reservation of its own; the small pool keeps 2 MiB
+    /// pages. Without `adaptive_pages`, the fixed 20 MiB page.
+    #[test]
+    fn the_large_granule_grows_with_the_reserved_mark() {
+        use super::super::testing::device;
+        use super::super::ShardState;
+        use crate::device::StreamHandle;
+        use crate::pool::PoolKind::{Large, Small};
+        let (_sim, shared) = device(2 << 30, "expandable_segments:True,adaptive_pages:True");
+        let mut st = ShardState::new(StreamHandle::DEFAULT, shared);
+        assert_eq!((st.vm_page(Large), st.vm_page(Small)), (2 * MIB, 2 * MIB));
+        st.malloc(3 * MIB, false, &NoPeers).unwrap().unwrap();
+        assert_eq!(st.acct.reserved, 4 * MIB);
+        st.malloc(1020 * MIB, false, &NoPeers).unwrap().unwrap();
+        assert_eq!(st.acct.reserved, 1024 * MIB, "still 2 MiB pages");
+        assert_eq!((st.vm_page(Large), st.vm_page(Small)), (4 * MIB, 2 * MIB));
+        let c = st.malloc(3 * MIB, false, &NoPeers).unwrap().unwrap();
+        assert_eq!(st.acct.reserved, 1028 * MIB);
+        let seg = st.blocks[id_of(&st, c)].vm.unwrap().index();
+        assert_eq!(st.vm[seg].page, 4 * MIB);
+        let mut pages: Vec<usize> = st.vm.iter().map(|(_, s)| s.page).collect();
+        pages.sort_unstable();
+        assert_eq!(pages, [2 * MIB, 4 * MIB]);
+        check(&st);
+
+        let (_sim, mut st) = shard("expandable_segments:True");
+        st.malloc(3 * MIB, false, &NoPeers).unwrap().unwrap();
+        assert_eq!(st.acct.reserved, 20 * MIB);
+        assert_eq!(st.vm_page(crate::pool::PoolKind::Large), 20 * MIB);
     }
 
     /// PyTorch's best fit with expandable segments: a free 4 MiB end of the mapped

@@ -294,8 +294,7 @@ impl ShardState {
             return Ok(Grant::Lent(ptr));
         }
         let asked = if expandable {
-            req.rounded
-                .next_multiple_of(self.shared.config.page_size(req.kind))
+            req.rounded.next_multiple_of(self.vm_page(req.kind))
         } else {
             seg_size
         };
@@ -306,9 +305,7 @@ impl ShardState {
     /// reserved memory would pass its high-water mark; then this shard's free pages,
     /// then (`Ok(None)`) the other shards' caches.
     fn grow_pages(&mut self, req: &Request, peers: &dyn Peers) -> Result<Option<BlockId>, Error> {
-        let grow = req
-            .rounded
-            .next_multiple_of(self.shared.config.page_size(req.kind));
+        let grow = req.rounded.next_multiple_of(self.vm_page(req.kind));
         if !self.capture_underway() {
             self.release_empty_before_growth(grow, peers);
         }
