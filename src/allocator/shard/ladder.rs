@@ -19,7 +19,11 @@
 //!    high-water mark (not those of steady streams), then a device malloc (with
 //!    expandable segments: map pages; when the device or the memory fraction cannot
 //!    give an adaptive segment, the request's own size rounded to 2 MiB, then
-//!    PyTorch's size, `alloc_segment`; also in rungs 5 and 6);
+//!    PyTorch's size, `alloc_segment`; also in rungs 5 and 6; once any device malloc
+//!    for a segment has failed on the device, the own size only, never an adaptive
+//!    one: `after_failure_size`. Measured and dropped, benches/README.md: the adaptive
+//!    size only while the device's free memory (`mem_info`) leaves room for k more
+//!    such segments, which acts before any failure but broke single-stream traces);
 //!    past the reserve budget, the device-side wait of rung 5 first;
 //! 5. **release and grow**: oversize cached blocks back (`max_split_size_mb`), grow
 //!    again; then **wait on the device** for a pending free that fits: this stream's
@@ -218,7 +222,8 @@ impl ShardState {
         if !self.capture_underway() {
             return Ok(None);
         }
-        Err(self.out_of_memory(req.size, seg_size))
+        let asked = self.after_failure_size(req, seg_size);
+        Err(self.out_of_memory(req.size, asked))
     }
 
     /// Rung 2: the hot cache merged into the free lists (its blocks may combine into a
@@ -296,7 +301,7 @@ impl ShardState {
         let asked = if expandable {
             req.rounded.next_multiple_of(self.vm_page(req.kind))
         } else {
-            seg_size
+            self.after_failure_size(req, seg_size)
         };
         Err(self.out_of_memory(size, asked))
     }
@@ -400,6 +405,7 @@ impl ShardState {
     /// device on most derived cases, benches/README.md). A request whose block was kept
     /// whole (`keep_whole.rs`) tries its own size first.
     fn alloc_segment(&mut self, req: &Request, seg_size: usize) -> Result<Option<BlockId>, Error> {
+        let seg_size = self.after_failure_size(req, seg_size);
         if req.kept_whole {
             // Memory is short and a whole segment waits for its size: the least.
             if let Some(exact) = self.exact_segment_size(req).filter(|&e| e < seg_size) {
@@ -432,6 +438,23 @@ impl ShardState {
         match self.exact_segment_size(req) {
             Some(exact) if exact < pytorch => self.alloc_block(exact, req.stream, req.kind),
             _ => Ok(None),
+        }
+    }
+
+    /// `seg_size`, or once a device malloc for a segment has failed on this device
+    /// (`growth_failed`, also `keep_whole.rs`'s trigger) the request's own size rounded
+    /// to 2 MiB if that is smaller (adaptive sizing only): memory is short for good, and
+    /// an adaptive segment's excess over the request is what a later large request
+    /// then misses (measured: OOM on PyTorch's smallest device 23 → 21 cases,
+    /// benches/README.md, issue #16's session 9, w2). Before any failure, and so on
+    /// every uncapped replay, nothing changes.
+    fn after_failure_size(&self, req: &Request, seg_size: usize) -> usize {
+        if !self.shared.growth_failed.load(Ordering::Relaxed) {
+            return seg_size;
+        }
+        match self.exact_segment_size(req) {
+            Some(exact) if exact < seg_size => exact,
+            _ => seg_size,
         }
     }
 
@@ -566,6 +589,28 @@ mod tests {
         assert_eq!(st.segment_size(4 << 20), Some(22 << 20));
         assert!(st.malloc(4 << 20, false, &NoPeers).unwrap().is_some());
         assert_eq!((sim.counters(0).mallocs, st.acct.reserved), (2, 174 << 20));
+        check(&st);
+    }
+
+    #[test]
+    fn after_a_failed_growth_a_new_segment_is_the_requests_own_size() {
+        // 60 MiB live on a 100 MiB device; 12 MiB asks for a 20 MiB adaptive segment,
+        // which fits. Before any growth failed it takes the 20 MiB...
+        let (sim, shared) = device(100 << 20, "");
+        let mut st = super::super::ShardState::new(crate::device::StreamHandle::DEFAULT, shared);
+        assert!(st.malloc(60 << 20, false, &NoPeers).unwrap().is_some());
+        assert_eq!(st.segment_size(12 << 20), Some(20 << 20));
+        assert!(st.malloc(12 << 20, false, &NoPeers).unwrap().is_some());
+        assert_eq!((sim.counters(0).mallocs, st.acct.reserved), (2, 80 << 20));
+        check(&st);
+        // ...after a growth failed (50 MiB more does not fit), only its own 12 MiB.
+        let (sim, shared) = device(100 << 20, "");
+        let mut st = super::super::ShardState::new(crate::device::StreamHandle::DEFAULT, shared);
+        assert!(st.malloc(60 << 20, false, &NoPeers).unwrap().is_some());
+        assert_eq!(st.malloc(50 << 20, false, &NoPeers).unwrap(), None);
+        assert_eq!(st.segment_size(12 << 20), Some(20 << 20));
+        assert!(st.malloc(12 << 20, false, &NoPeers).unwrap().is_some());
+        assert_eq!((sim.counters(0).mallocs, st.acct.reserved), (2, 72 << 20));
         check(&st);
     }
 
