@@ -83,8 +83,10 @@ pub(crate) struct Shared {
     /// Reserved bytes per graph-private pool, over every shard (a pool spans the streams
     /// routed to it); written only where a pool's device memory grows or shrinks.
     pub private_reserved: Mutex<PrivatePoolReserved>,
-    /// Set (for good) when a device malloc for a new segment first failed: memory
-    /// pressure was seen, and best fit keeps whole segments (`shard/keep_whole.rs`).
+    /// Set (for good) when a device malloc for a new segment the device could hold
+    /// when empty first failed: memory pressure was seen, best fit keeps whole segments
+    /// (`shard/keep_whole.rs`) and new ones are the request's own size (`shard/ladder.rs`).
+    /// A request larger than the device or the memory fraction does not set it.
     pub growth_failed: AtomicBool,
 }
 

@@ -417,7 +417,9 @@ impl ShardState {
         if let Some(id) = self.alloc_block(seg_size, req.stream, req.kind)? {
             return Ok(Some(id));
         }
-        self.shared.growth_failed.store(true, Ordering::Relaxed);
+        if self.fits_an_empty_device(seg_size) {
+            self.shared.growth_failed.store(true, Ordering::Relaxed);
+        }
         // Memory is short: the least first (measured: before PyTorch's 20 MiB for a 1
         // to 10 MiB request, unet_train's smallest device 1,680 → 1,674 MiB, PyTorch's;
         // benches/README.md, issue #16's fourth pass).
@@ -439,6 +441,19 @@ impl ShardState {
             Some(exact) if exact < pytorch => self.alloc_block(exact, req.stream, req.kind),
             _ => Ok(None),
         }
+    }
+
+    /// Whether a segment of `bytes` could be had on this device with nothing reserved
+    /// (its total memory, and the memory fraction): only then does its failed malloc
+    /// say memory is short (`growth_failed`). A request larger than the whole device
+    /// is the caller's error and changes no later sizing.
+    fn fits_an_empty_device(&self, bytes: usize) -> bool {
+        if self.shared.allowed_max().is_some_and(|max| bytes > max) {
+            return false;
+        }
+        self.dev
+            .mem_info(self.index)
+            .map_or(true, |info| bytes <= info.total)
     }
 
     /// `seg_size`, or once a device malloc for a segment has failed on this device
@@ -611,6 +626,30 @@ mod tests {
         assert_eq!(st.segment_size(12 << 20), Some(20 << 20));
         assert!(st.malloc(12 << 20, false, &NoPeers).unwrap().is_some());
         assert_eq!((sim.counters(0).mallocs, st.acct.reserved), (2, 72 << 20));
+        check(&st);
+    }
+
+    #[test]
+    fn a_request_larger_than_the_device_leaves_segment_sizes_alone() {
+        // 1 GiB on a 100 MiB device fails; it says nothing about pressure, so 12 MiB
+        // still takes its 20 MiB adaptive segment (the own 12 MiB once pressure is real,
+        // the test above).
+        let (sim, shared) = device(100 << 20, "");
+        let mut st = super::super::ShardState::new(crate::device::StreamHandle::DEFAULT, shared);
+        assert_eq!(st.malloc(1 << 30, false, &NoPeers).unwrap(), None);
+        assert!(!st
+            .shared
+            .growth_failed
+            .load(std::sync::atomic::Ordering::Relaxed));
+        assert!(st.malloc(12 << 20, false, &NoPeers).unwrap().is_some());
+        assert_eq!((sim.counters(0).mallocs, st.acct.reserved), (1, 20 << 20));
+        // Past a memory fraction (50 MiB of the 100) it is the same.
+        st.shared.set_allowed_max(50 << 20);
+        assert_eq!(st.malloc(60 << 20, false, &NoPeers).unwrap(), None);
+        assert!(!st
+            .shared
+            .growth_failed
+            .load(std::sync::atomic::Ordering::Relaxed));
         check(&st);
     }
 
