@@ -523,8 +523,9 @@ impl ShardState {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::{check, device, free, shard};
-    use super::super::NoPeers;
+    use super::super::testing::{check, free, shard, shard_on};
+    use super::super::{NoPeers, ShardState};
+    use crate::device::sim::SimDevice;
     use crate::device::MempoolId;
     use crate::error::Error;
     use crate::pool::PoolKind;
@@ -565,15 +566,20 @@ mod tests {
         check(&st);
     }
 
+    /// Serves `size` (it must be served), then the device mallocs so far and the bytes
+    /// reserved.
+    fn grown(sim: &SimDevice, st: &mut ShardState, size: usize) -> (u64, usize) {
+        assert!(st.malloc(size, false, &NoPeers).unwrap().is_some());
+        (sim.counters(0).mallocs, st.acct.reserved)
+    }
+
     #[test]
     fn a_short_device_takes_pytorchs_segment_size_when_the_adaptive_one_does_not_fit() {
         // 12 MiB asks for a 20 MiB adaptive segment; a 16 MiB device cannot give it,
         // PyTorch's 12 MiB one fits.
-        let (sim, shared) = device(16 << 20, "");
-        let mut st = super::super::ShardState::new(crate::device::StreamHandle::DEFAULT, shared);
+        let (sim, mut st) = shard_on(16 << 20, "");
         assert_eq!(st.segment_size(12 << 20), Some(20 << 20));
-        assert!(st.malloc(12 << 20, false, &NoPeers).unwrap().is_some());
-        assert_eq!((sim.counters(0).mallocs, st.acct.reserved), (1, 12 << 20));
+        assert_eq!(grown(&sim, &mut st, 12 << 20), (1, 12 << 20));
         check(&st);
     }
 
@@ -582,13 +588,10 @@ mod tests {
         // 9 MiB asks for a 20 MiB segment (adaptive and PyTorch's alike); a 16 MiB device
         // cannot give it, a 10 MiB one (the request rounded to 2 MiB) fits. PyTorch's
         // policy keeps PyTorch's sizes: it needs the last rung, and fails there.
-        let (sim, shared) = device(16 << 20, "");
-        let mut st = super::super::ShardState::new(crate::device::StreamHandle::DEFAULT, shared);
-        assert!(st.malloc(9 << 20, false, &NoPeers).unwrap().is_some());
-        assert_eq!((sim.counters(0).mallocs, st.acct.reserved), (1, 10 << 20));
+        let (sim, mut st) = shard_on(16 << 20, "");
+        assert_eq!(grown(&sim, &mut st, 9 << 20), (1, 10 << 20));
         check(&st);
-        let (sim, shared) = device(16 << 20, crate::config::PYTORCH_POLICY);
-        let mut st = super::super::ShardState::new(crate::device::StreamHandle::DEFAULT, shared);
+        let (sim, mut st) = shard_on(16 << 20, crate::config::PYTORCH_POLICY);
         assert_eq!(st.malloc(9 << 20, false, &NoPeers).unwrap(), None);
         assert_eq!(sim.counters(0).mallocs, 0);
     }
@@ -598,12 +601,10 @@ mod tests {
         // A live 170 MiB segment makes 4 MiB ask for a 22 MiB adaptive segment (1/8 of
         // the high-water mark); 20 MiB are left: PyTorch's 20 MiB would fit, but the
         // request's own 4 MiB come first once the adaptive one failed.
-        let (sim, shared) = device(190 << 20, "");
-        let mut st = super::super::ShardState::new(crate::device::StreamHandle::DEFAULT, shared);
+        let (sim, mut st) = shard_on(190 << 20, "");
         assert!(st.malloc(170 << 20, false, &NoPeers).unwrap().is_some());
         assert_eq!(st.segment_size(4 << 20), Some(22 << 20));
-        assert!(st.malloc(4 << 20, false, &NoPeers).unwrap().is_some());
-        assert_eq!((sim.counters(0).mallocs, st.acct.reserved), (2, 174 << 20));
+        assert_eq!(grown(&sim, &mut st, 4 << 20), (2, 174 << 20));
         check(&st);
     }
 
@@ -611,21 +612,17 @@ mod tests {
     fn after_a_failed_growth_a_new_segment_is_the_requests_own_size() {
         // 60 MiB live on a 100 MiB device; 12 MiB asks for a 20 MiB adaptive segment,
         // which fits. Before any growth failed it takes the 20 MiB...
-        let (sim, shared) = device(100 << 20, "");
-        let mut st = super::super::ShardState::new(crate::device::StreamHandle::DEFAULT, shared);
+        let (sim, mut st) = shard_on(100 << 20, "");
         assert!(st.malloc(60 << 20, false, &NoPeers).unwrap().is_some());
         assert_eq!(st.segment_size(12 << 20), Some(20 << 20));
-        assert!(st.malloc(12 << 20, false, &NoPeers).unwrap().is_some());
-        assert_eq!((sim.counters(0).mallocs, st.acct.reserved), (2, 80 << 20));
+        assert_eq!(grown(&sim, &mut st, 12 << 20), (2, 80 << 20));
         check(&st);
         // ...after a growth failed (50 MiB more does not fit), only its own 12 MiB.
-        let (sim, shared) = device(100 << 20, "");
-        let mut st = super::super::ShardState::new(crate::device::StreamHandle::DEFAULT, shared);
+        let (sim, mut st) = shard_on(100 << 20, "");
         assert!(st.malloc(60 << 20, false, &NoPeers).unwrap().is_some());
         assert_eq!(st.malloc(50 << 20, false, &NoPeers).unwrap(), None);
         assert_eq!(st.segment_size(12 << 20), Some(20 << 20));
-        assert!(st.malloc(12 << 20, false, &NoPeers).unwrap().is_some());
-        assert_eq!((sim.counters(0).mallocs, st.acct.reserved), (2, 72 << 20));
+        assert_eq!(grown(&sim, &mut st, 12 << 20), (2, 72 << 20));
         check(&st);
     }
 
@@ -634,15 +631,13 @@ mod tests {
         // 1 GiB on a 100 MiB device fails; it says nothing about pressure, so 12 MiB
         // still takes its 20 MiB adaptive segment (the own 12 MiB once pressure is real,
         // the test above).
-        let (sim, shared) = device(100 << 20, "");
-        let mut st = super::super::ShardState::new(crate::device::StreamHandle::DEFAULT, shared);
+        let (sim, mut st) = shard_on(100 << 20, "");
         assert_eq!(st.malloc(1 << 30, false, &NoPeers).unwrap(), None);
         assert!(!st
             .shared
             .growth_failed
             .load(std::sync::atomic::Ordering::Relaxed));
-        assert!(st.malloc(12 << 20, false, &NoPeers).unwrap().is_some());
-        assert_eq!((sim.counters(0).mallocs, st.acct.reserved), (1, 20 << 20));
+        assert_eq!(grown(&sim, &mut st, 12 << 20), (1, 20 << 20));
         // Past a memory fraction (50 MiB of the 100) it is the same.
         st.shared.set_allowed_max(50 << 20);
         assert_eq!(st.malloc(60 << 20, false, &NoPeers).unwrap(), None);

@@ -495,7 +495,12 @@ pub(super) mod testing {
 
     /// The shard of the default stream on a 1 GiB device.
     pub fn shard(conf: &str) -> (Arc<SimDevice>, ShardState) {
-        let (sim, shared) = device(1 << 30, conf);
+        shard_on(1 << 30, conf)
+    }
+
+    /// The shard of the default stream on a device of `capacity` bytes.
+    pub fn shard_on(capacity: usize, conf: &str) -> (Arc<SimDevice>, ShardState) {
+        let (sim, shared) = device(capacity, conf);
         (sim, ShardState::new(StreamHandle::DEFAULT, shared))
     }
 
