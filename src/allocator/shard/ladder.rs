@@ -402,18 +402,11 @@ impl ShardState {
     /// (adaptive sizing only), then PyTorch's size if that is smaller than `seg_size`:
     /// memory is short, and a segment that fits beats a larger one that does not
     /// (measured: without it the defaults ran out of memory at PyTorch's smallest
-    /// device on most derived cases, benches/README.md). A request whose block was kept
-    /// whole (`keep_whole.rs`) tries its own size first.
+    /// device on most derived cases, benches/README.md). Once a growth has failed (so
+    /// for every request whose block was kept whole, `keep_whole.rs`), `seg_size` is
+    /// already the request's own size (`after_failure_size`).
     fn alloc_segment(&mut self, req: &Request, seg_size: usize) -> Result<Option<BlockId>, Error> {
         let seg_size = self.after_failure_size(req, seg_size);
-        if req.kept_whole {
-            // Memory is short and a whole segment waits for its size: the least.
-            if let Some(exact) = self.exact_segment_size(req).filter(|&e| e < seg_size) {
-                if let Some(id) = self.alloc_block(exact, req.stream, req.kind)? {
-                    return Ok(Some(id));
-                }
-            }
-        }
         if let Some(id) = self.alloc_block(seg_size, req.stream, req.kind)? {
             return Ok(Some(id));
         }
@@ -529,6 +522,7 @@ mod tests {
     use crate::device::MempoolId;
     use crate::error::Error;
     use crate::pool::PoolKind;
+    use std::sync::atomic::Ordering::Relaxed;
 
     #[test]
     fn a_request_is_sized_once_for_its_pool() {
@@ -633,18 +627,12 @@ mod tests {
         // the test above).
         let (sim, mut st) = shard_on(100 << 20, "");
         assert_eq!(st.malloc(1 << 30, false, &NoPeers).unwrap(), None);
-        assert!(!st
-            .shared
-            .growth_failed
-            .load(std::sync::atomic::Ordering::Relaxed));
+        assert!(!st.shared.growth_failed.load(Relaxed));
         assert_eq!(grown(&sim, &mut st, 12 << 20), (1, 20 << 20));
         // Past a memory fraction (50 MiB of the 100) it is the same.
         st.shared.set_allowed_max(50 << 20);
         assert_eq!(st.malloc(60 << 20, false, &NoPeers).unwrap(), None);
-        assert!(!st
-            .shared
-            .growth_failed
-            .load(std::sync::atomic::Ordering::Relaxed));
+        assert!(!st.shared.growth_failed.load(Relaxed));
         check(&st);
     }
 
