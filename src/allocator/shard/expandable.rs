@@ -667,12 +667,9 @@ mod tests {
     /// pages. Without `adaptive_pages`, the fixed 20 MiB page.
     #[test]
     fn the_large_granule_grows_with_the_reserved_mark() {
-        use super::super::testing::device;
-        use super::super::ShardState;
-        use crate::device::StreamHandle;
+        use super::super::testing::shard_on;
         use crate::pool::PoolKind::{Large, Small};
-        let (_sim, shared) = device(2 << 30, "expandable_segments:True,adaptive_pages:True");
-        let mut st = ShardState::new(StreamHandle::DEFAULT, shared);
+        let (_sim, mut st) = shard_on(2 << 30, "expandable_segments:True,adaptive_pages:True");
         assert_eq!((st.vm_page(Large), st.vm_page(Small)), (2 * MIB, 2 * MIB));
         st.malloc(3 * MIB, false, &NoPeers).unwrap().unwrap();
         assert_eq!(st.acct.reserved, 4 * MIB);
