@@ -8,8 +8,9 @@
 # the byte), a torch.cuda.graph capture with a side stream (replays equal to eager,
 # eager tensors intact), timing of torch.empty and of the step, and peak device memory
 # used; then a negative control (record_stream ignored: the checks must see wrong data)
-# and out-of-memory checks (memory fraction, past the device, recovery).
-# Results of the one run so far: README.md, "Run on an NVIDIA H200".
+# and out-of-memory checks (memory fraction, past the device, recovery), and a late
+# communication stream under a memory fraction beside PyTorch's (pressure-* modes).
+# Results of the runs so far: README.md, "Run on an NVIDIA H200" and the two after it.
 #
 # The GPU machine has PyTorch but no Rust toolchain: build the library where Rust is
 # (`cargo build --release -p npualloc-ffi`) and carry target/release/libnpualloc.so

@@ -7,7 +7,10 @@ allocator can only be swapped before CUDA initialises:
 Modes: native (PyTorch's own caching allocator), npualloc, npualloc-expandable (the
 CUDA driver's virtual memory), npualloc-norecord (negative control: npualloc with
 record_stream ignored, so the stream checks must see wrong results), and oom-<mode>
-(the memory fraction and the device's own out-of-memory, then recovery).
+(the memory fraction and the device's own out-of-memory, then recovery), and
+pressure-<mode> (a late communication stream under a memory fraction just above the
+peak allocated: wrong reads, out-of-memory errors and host synchronisations beside
+PyTorch's allocator; npualloc-nowait is npualloc without device-side waits).
 """
 
 import argparse
@@ -95,6 +98,94 @@ def stream_stress(torch, steps=600, seed=1):
     torch.cuda.synchronize()
     wrong = sum(int(float(got) != want) for want, got in checks)
     return wrong, len(checks)
+
+
+def pressure_scenario(torch, comm, x, steps=300, seed=7, live_max=20):
+    """A late communication stream under memory pressure (issue #16's `comm` cases on
+    real streams): each step fills a tensor with a stamp on the main stream; half of
+    them are read by the communication stream after a 4-16 matmul chain (record_stream
+    there), freed at once, and a tensor of the same size is taken on the main stream and
+    filled with -1, so that memory freed but still read is what a tight cap pushes the
+    allocator to hand out (it must wait on the device, or synchronise, first). The host
+    runs ahead of the device, so the frees stay pending. Returns (wrong reads, reads,
+    the step of an out-of-memory error or None)."""
+    rng = random.Random(seed)
+    checks, live, oom_at = [], [], None
+    try:
+        for step in range(steps):
+            n = rng.choice([1, 2, 4, 6, 8, 12, 16, 24, 32, 48]) << 18  # MiB of float32
+            stamp = float(step % 1000 + 1)
+            t = torch.full((n,), stamp, device="cuda")
+            if rng.random() < 0.5:
+                comm.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(comm):
+                    y = x
+                    for _ in range(rng.choice([4, 8, 16])):
+                        y = y @ x
+                    got = t[:128].sum() + 0 * y[0, 0]
+                t.record_stream(comm)
+                checks.append((stamp * 128, got))
+                del t, y
+                live.append(torch.full((n,), -1.0, device="cuda"))
+            else:
+                live.append(t)
+            while len(live) > live_max:
+                live.pop(rng.randrange(len(live)))
+    except torch.OutOfMemoryError:
+        oom_at = step
+    del live
+    torch.cuda.synchronize()
+    wrong = sum(int(float(got) != want) for want, got in checks)
+    return wrong, len(checks), oom_at
+
+
+PRESSURE_FACTORS = [1.5, 1.25, 1.15, 1.10, 1.05]
+
+
+def pressure_check(torch, mode, lib):
+    """pressure_scenario uncapped (its peak allocated bytes P, a figure that does not
+    depend on the allocator), then under a memory fraction of f x P for each f of
+    PRESSURE_FACTORS, from an emptied cache: wrong reads, out-of-memory errors, host
+    synchronisations of pending frees, cache-release retries, device mallocs, peak
+    reserved and wall time of each run."""
+    def stats():
+        s = torch.cuda.memory_stats() if lib is None else __import__("npualloc").memory_stats(0, lib)
+        return {k: s.get(k) or 0 for k in ("num_sync_all_streams", "num_alloc_retries",
+                                           "num_ooms", "num_device_alloc",
+                                           "reserved_bytes.all.peak",
+                                           "allocated_bytes.all.peak")}
+
+    def reset():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        if lib is None:
+            torch.cuda.reset_peak_memory_stats()
+        else:
+            lib.npualloc_reset_peak_stats(0)
+
+    total = torch.cuda.mem_get_info()[1]
+    comm = torch.cuda.Stream()
+    x = torch.randn(2048, 2048, device="cuda") / 64
+    out = {"mode": mode, "device": torch.cuda.get_device_name(), "runs": []}
+    for f in [None] + PRESSURE_FACTORS:
+        reset()
+        if f is not None:
+            torch.cuda.set_per_process_memory_fraction(min(1.0, f * peak / total))
+        before = stats()
+        t0 = time.perf_counter()
+        wrong, reads, oom_at = pressure_scenario(torch, comm, x)
+        ms = (time.perf_counter() - t0) * 1e3
+        after = stats()
+        if f is None:
+            peak = after["allocated_bytes.all.peak"]
+            out["peak_allocated"] = peak
+        run = {"factor": f, "wrong": wrong, "reads": reads, "oom_at": oom_at, "ms": ms,
+               "reserved_peak": after["reserved_bytes.all.peak"]}
+        for k in ("num_sync_all_streams", "num_alloc_retries", "num_ooms", "num_device_alloc"):
+            run[k] = after[k] - before[k]
+        out["runs"].append(run)
+    torch.cuda.set_per_process_memory_fraction(1.0)
+    return out
 
 
 def train_steps(torch, steps=20):
@@ -219,6 +310,9 @@ def plain_allocator():
 def install(mode):
     """Sets up the allocator of `mode` before torch touches CUDA; returns the npualloc
     library handle (None for PyTorch's own allocator)."""
+    if mode.endswith("-nowait"):
+        # npualloc without the pressure ladder's device-side waits (issue #16).
+        os.environ["NPUALLOC_CONF"] = "wait_before_growth:False"
     if "expandable" in mode:
         # Virtual-memory segments through the CUDA driver API (cuMemCreate/cuMemMap).
         os.environ["NPUALLOC_CONF"] = "expandable_segments:True"
@@ -273,6 +367,8 @@ def one(mode):
     torch.use_deterministic_algorithms(True)
     if mode.startswith("oom-"):
         return print(json.dumps(oom_check(torch, mode, lib)))
+    if mode.startswith("pressure-"):
+        return print(json.dumps(pressure_check(torch, mode, lib)))
     out = {"mode": mode, "device": torch.cuda.get_device_name(), "torch": torch.__version__}
     if os.environ.get("GPU_CHECK_ONLY") == "graph":
         out["graph_wrong"], out["graph_corrupted"], out["graph_error"] = graph_check(torch)
@@ -329,6 +425,8 @@ def oom_check(torch, mode, lib):
 MODES = ["native", "npualloc", "npualloc-expandable"]
 DIAGNOSIS = ["npualloc-nograph", "plain-pluggable"]
 CONTROLS = ["npualloc-norecord", "oom-native", "oom-npualloc", "oom-npualloc-expandable"]
+PRESSURE = ["pressure-native", "pressure-npualloc", "pressure-npualloc-nowait",
+            "pressure-npualloc-norecord"]
 
 
 def run_mode(mode):
@@ -340,14 +438,46 @@ def run_mode(mode):
     return json.loads(lines[-1])
 
 
+def pressure_summary(runs):
+    """Prints the pressure runs side by side; true when npualloc read no wrong data,
+    ran out of memory at no cap where PyTorch's allocator fitted, and the negative
+    control (record_stream ignored) saw wrong data."""
+    if not runs:
+        return True
+    print("late communication stream under a memory fraction of f x peak allocated "
+          "(%.1f MiB):" % (runs[0]["peak_allocated"] / 2**20))
+    print("%-28s %6s %9s %8s %10s %8s %8s %12s %9s" % (
+        "mode", "f", "wrong", "OOM at", "host syncs", "retries", "mallocs", "reserved pk",
+        "wall ms"))
+    for r in runs:
+        for x in r["runs"]:
+            print("%-28s %6s %4d/%-4d %8s %10d %8d %8d %8.1f MiB %9.1f" % (
+                r["mode"], "none" if x["factor"] is None else "%.2f" % x["factor"], x["wrong"],
+                x["reads"], "-" if x["oom_at"] is None else x["oom_at"],
+                x["num_sync_all_streams"], x["num_alloc_retries"], x["num_device_alloc"],
+                x["reserved_peak"] / 2**20, x["ms"]))
+    by = {r["mode"]: r["runs"] for r in runs}
+    ok = True
+    for m in ("pressure-npualloc", "pressure-npualloc-nowait"):
+        ok &= all(x["wrong"] == 0 for x in by.get(m, []))
+    native = {x["factor"]: x["oom_at"] for x in by.get("pressure-native", [])}
+    misses = [x["factor"] for x in by.get("pressure-npualloc", [])
+              if x["oom_at"] is not None and native.get(x["factor"], 0) is None]
+    print("npualloc out of memory where PyTorch's allocator fits: %s" % (misses or "none"))
+    ok &= not misses
+    if "pressure-npualloc-norecord" in by:
+        ok &= any(x["wrong"] > 0 for x in by["pressure-npualloc-norecord"])
+    return ok
+
+
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--mode", choices=MODES + CONTROLS + DIAGNOSIS)
+    p.add_argument("--mode", choices=MODES + CONTROLS + PRESSURE + DIAGNOSIS)
     p.add_argument("--json", help="also write every result to this file")
     args = p.parse_args()
     if args.mode:
         return one(args.mode)
-    results = [run_mode(m) for m in MODES + MODES + CONTROLS]
+    results = [run_mode(m) for m in MODES + MODES + CONTROLS + PRESSURE]
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
@@ -390,6 +520,7 @@ def main():
                   "used after empty_cache %.1f MiB" % (r["mode"], r["fraction"], r["device"],
                                                        r["after"], r["used_after_empty_cache"] / 2**20))
             ok &= r["fraction"].startswith("OutOfMemoryError") and r["after"]
+    ok &= pressure_summary([r for r in results if r["mode"] in PRESSURE and "failed" not in r])
     print("gpu-check:", "PASS" if ok else "FAIL")
     sys.exit(0 if ok else 1)
 
