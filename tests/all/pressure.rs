@@ -353,3 +353,88 @@ fn after_the_last_synchronisation_merged_frees_of_another_stream_are_lent() {
     }
     crate::common::assert_drained(&sim, &a);
 }
+
+/// scripts/gpu_check.py's late-reader scenario as a trace, drawn exactly as
+/// scripts/zoo/late_reader.py draws it (splitmix64): the default stream fills a tensor of
+/// 1-48 MiB; half of them are read by a communication stream (stream 1) after a chain
+/// of 4-16 matmuls (16 MiB outputs there), recorded there, freed at once, and the same
+/// size is taken again on the default stream; at most 20 live. Nothing completes unless
+/// the allocator waits: the host runs ahead of the device, as on the GPU.
+fn late_reader(seed: u64) -> trace::Trace {
+    const MIB: u64 = 1 << 20;
+    let mut rng = crate::policy::Rng(seed);
+    let mut text = String::new();
+    let mut id = 0u64;
+    let mut alloc = |text: &mut String, size: u64, stream: u32| {
+        id += 1;
+        text.push_str(&format!("a {id} {size} {stream}\n"));
+        id
+    };
+    alloc(&mut text, 16 * MIB, 0);
+    let (mut workspace, mut live) = (false, Vec::new());
+    for _ in 0..300 {
+        let size = [1, 2, 4, 6, 8, 12, 16, 24, 32, 48][rng.below(10) as usize] * MIB;
+        let t = alloc(&mut text, size, 0);
+        if rng.below(2) != 0 {
+            live.push(t);
+        } else {
+            let mut y = None;
+            for _ in 0..[4, 8, 16][rng.below(3) as usize] {
+                let next = alloc(&mut text, 16 * MIB, 1);
+                if !workspace {
+                    alloc(&mut text, 4 * MIB, 1);
+                    workspace = true;
+                }
+                if let Some(prev) = y.replace(next) {
+                    text.push_str(&format!("f {prev}\n"));
+                }
+            }
+            let (partial, zero) = (alloc(&mut text, 4, 1), alloc(&mut text, 4, 1));
+            alloc(&mut text, 4, 1); // the result, kept
+            let y = y.expect("a chain of at least four");
+            text.push_str(&format!("f {partial}\nf {zero}\nr {t} 1\nf {t}\nf {y}\n"));
+            live.push(alloc(&mut text, size, 0));
+        }
+        while live.len() > 20 {
+            let i = rng.below(live.len() as u64) as usize;
+            text.push_str(&format!("f {}\n", live.remove(i)));
+        }
+    }
+    trace::parse(&text, &format!("late reader seed {seed}")).unwrap()
+}
+
+#[test]
+fn a_late_reader_is_served_with_fewer_host_syncs_than_pytorchs_policy() {
+    // Each at its own smallest device: the device-side waits replace most of PyTorch's
+    // synchronisations (benches/README.md, "Session 10, lead").
+    for seed in 1..=4 {
+        let t = late_reader(seed);
+        let ours = at(&t, "", min_of(&t, ""));
+        let pt = at(&t, PYTORCH_POLICY, min_of(&t, PYTORCH_POLICY));
+        assert_eq!(ours.ooms, 0, "seed {seed}");
+        assert!(ours.device_waits > 0, "seed {seed}");
+        assert!(
+            ours.host_syncs < pt.host_syncs,
+            "seed {seed}: {} host syncs, PyTorch's policy {}",
+            ours.host_syncs,
+            pt.host_syncs
+        );
+    }
+}
+
+/// Issue #16's target on the late reader. Fails today: the defaults need more memory
+/// than PyTorch's policy on 18 of seeds 1-20 (seed 2: 1.370 against 1.240 × peak
+/// requested), and on an H200 they ran out of memory at a memory fraction PyTorch's
+/// allocator fitted (README.md, "Third run on the H200"). Run with `cargo test --release
+/// --test all -- --ignored late_reader`.
+#[test]
+#[ignore = "issue #16 target, not met: 18 of 20 late-reader seeds need more than PyTorch's policy"]
+fn a_late_reader_needs_no_more_memory_than_pytorchs_policy() {
+    let worse: Vec<u64> = (1..=20)
+        .filter(|&seed| {
+            let t = late_reader(seed);
+            min_of(&t, "") > min_of(&t, PYTORCH_POLICY)
+        })
+        .collect();
+    assert!(worse.is_empty(), "seeds needing more: {worse:?}");
+}
