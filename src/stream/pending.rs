@@ -103,6 +103,31 @@ impl<T: Copy> EventQueues<T> {
         q
     }
 
+    /// Removes the pairs queued on `stream` whose item passes `take`, front to back;
+    /// the others stay queued in their order.
+    pub fn take_where(
+        &mut self,
+        stream: StreamHandle,
+        mut take: impl FnMut(T) -> bool,
+    ) -> Vec<(EventHandle, T)> {
+        let Some(q) = self.queues.get_mut(&stream) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        q.retain(|&(ev, it)| {
+            let hit = take(it);
+            if hit {
+                out.push((ev, it));
+            }
+            !hit
+        });
+        if q.is_empty() {
+            self.queues.remove(&stream);
+        }
+        self.len -= out.len();
+        out
+    }
+
     /// Removes every pair whose item is `item` (wherever it is queued); returns them.
     pub fn remove_item(&mut self, item: T) -> Vec<(StreamHandle, EventHandle)>
     where
@@ -128,5 +153,32 @@ impl<T: Copy> EventQueues<T> {
         self.queues
             .iter()
             .flat_map(|(s, q)| q.iter().map(move |&(e, b)| (*s, e, b)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn take_where_removes_the_chosen_pairs_of_one_stream_in_order() {
+        let (a, b) = (StreamHandle(1), StreamHandle(2));
+        let mut q: EventQueues<u32> = EventQueues::default();
+        for (s, e, x) in [(a, 1, 10), (b, 2, 20), (a, 3, 31), (a, 4, 40)] {
+            q.push(s, EventHandle(e), x);
+        }
+        let even = |x: u32| x % 2 == 0;
+        assert_eq!(
+            q.take_where(a, even),
+            vec![(EventHandle(1), 10), (EventHandle(4), 40)]
+        );
+        assert_eq!(q.len(), 2);
+        assert_eq!(
+            q.last_on(a),
+            Some(EventHandle(3)),
+            "the odd one stays queued"
+        );
+        assert_eq!(q.take_where(b, even), vec![(EventHandle(2), 20)]);
+        assert_eq!(q.streams(), vec![a]);
     }
 }

@@ -5,7 +5,12 @@
 //! streams it was used on (a pending free, `events.rs`) can serve the request at once:
 //! the allocating stream waits **on the device** for those events (`stream_wait_event`),
 //! the block's waits end, and it is handed out. No host wait. First this shard's own
-//! pending frees (the block joins this stream's free lists); if none fits, another
+//! pending frees (the block joins this stream's free lists; the wait is for the last
+//! event queued on each stream the block was used on, which covers every free queued
+//! there before it, since a stream's events complete in order: those frees of this
+//! stream's own pool join the free lists too and merge, the stream-ordered form of
+//! PyTorch's `synchronize_and_free_events`; measured against waiting for the one
+//! block, benches/README.md "Session 10, lead"); if none fits, another
 //! shard's (`borrow_pending_free`): that shard ends the block's waits the same way and
 //! lends it as `lend_block` does, which also orders the borrower after the lender's own
 //! stream (an event recorded there now), so the borrower runs after every stream the
@@ -20,9 +25,12 @@
 //!   another shard's pending free only with `lend_blocks`, and never from or to a
 //!   capturing stream;
 //! - a block leaves its pending queue only after every one of its events was made a
-//!   device-side wait of the allocating stream (an event recorded on that stream itself
-//!   needs none: its own order covers it); if one wait cannot be queued, the block
-//!   stays pending (the waits already queued only over-order this stream);
+//!   device-side wait of the allocating stream, or an event queued after it on the
+//!   same stream was (an event recorded on that stream itself needs none: its own
+//!   order covers it); if one wait cannot be queued, the block stays pending (the waits
+//!   already queued only over-order this stream); a graph-private pool's block leaves
+//!   only as the chosen one, never as a covered one (its next user may be a stream not
+//!   ordered after this one);
 //! - after the wait, the block is in this stream's free lists: this stream is ordered
 //!   after every stream the block was used on, and any other stream that takes it later
 //!   (lending) is ordered after this stream (`lending.rs`), hence after those streams;
@@ -69,9 +77,11 @@ impl ShardState {
         self.borrow_pending_free(req, peers).map(Grant::Lent)
     }
 
-    /// Makes this stream wait on the device for the events of the pending free that
-    /// best serves `req`, which then joins the free lists; returns the block that
-    /// serves `req`, if any (see the module contract).
+    /// Makes this stream wait on the device for the pending free that best serves `req`
+    /// and, with the same waits, for every pending free queued on the streams that
+    /// block was used on: the wait is for the last event queued on each of those
+    /// streams, and all their frees join the free lists, merged (see the module doc).
+    /// Returns the block that serves `req`, if any.
     #[cold]
     pub(super) fn wait_for_pending_free(&mut self, req: &Request) -> Option<BlockId> {
         if !self.may_wait_on_device() || req.stream != self.stream || self.waits.pending.is_empty()
@@ -79,8 +89,29 @@ impl ShardState {
             return None;
         }
         let (id, _) = self.closest_pending_fit(req)?;
-        if !self.take_pending(id, self.stream) {
-            return None;
+        let streams: Vec<StreamHandle> = (self.waits.pending.iter())
+            .filter(|&(_, _, b)| b == id)
+            .map(|(s, _, _)| s)
+            .collect();
+        for &s in &streams {
+            let last = self.waits.pending.last_on(s)?;
+            if s != self.stream
+                && self
+                    .dev
+                    .stream_wait_event(self.index, self.stream, last)
+                    .is_err()
+            {
+                return None;
+            }
+        }
+        for s in streams {
+            let blocks = &self.blocks;
+            // Only the stream's own pool: a graph-private block may next be used by a
+            // stream that is not ordered after this one.
+            for (ev, b) in (self.waits.pending).take_where(s, |b| blocks[b].pool.is_none()) {
+                self.waits.events.put(ev);
+                self.event_done(b);
+            }
         }
         self.acct.device_waits += 1;
         self.get_free_block(req.kind, req.rounded)
@@ -260,6 +291,37 @@ mod tests {
         // stream ran past the free.
         assert_eq!(sim.pending(0, st.stream).unwrap(), 1);
         assert_eq!(sim.pending(0, side).unwrap(), 1);
+        check(&st);
+    }
+
+    #[test]
+    fn one_wait_frees_every_pending_free_queued_before_the_last_on_that_stream() {
+        // Two 30 MiB blocks of one segment used on a side stream and freed; on a full
+        // device a 30 MiB request waits once, for the side stream's last event: both
+        // join the free lists (merged), so a second request needs no wait.
+        let (sim, shared) = device(64 * MIB, "adaptive_segments:False");
+        let mut st = ShardState::new(StreamHandle::DEFAULT, shared);
+        let side = sim.create_stream(0).unwrap();
+        let whole = st.malloc(62 * MIB, false, &NoPeers).unwrap().unwrap();
+        free(&mut st, whole);
+        let pa = st.malloc(30 * MIB, false, &NoPeers).unwrap().unwrap();
+        let pb = st.malloc(30 * MIB, false, &NoPeers).unwrap().unwrap();
+        let _keep = st.malloc(2 * MIB, false, &NoPeers).unwrap().unwrap();
+        for q in [pa, pb] {
+            st.record_stream(id_of(&st, q), q, side).unwrap();
+            free(&mut st, q);
+        }
+        assert_eq!(st.pending_count(), 2);
+        let q = st.malloc(30 * MIB, false, &NoPeers).unwrap().unwrap();
+        assert_eq!(q, pa, "the first freed, closest to done");
+        assert_eq!(
+            st.pending_count(),
+            0,
+            "the later free is covered by the same wait"
+        );
+        assert_eq!(st.malloc(30 * MIB, false, &NoPeers).unwrap(), Some(pb));
+        let c = sim.counters(0);
+        assert_eq!((c.synchronizations, c.mallocs, c.stream_waits), (0, 1, 1));
         check(&st);
     }
 
