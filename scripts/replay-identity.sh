@@ -25,7 +25,7 @@ mkdir -p "$out"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-pt="reclaim_before_growth:False,adaptive_segments:False,hot_cache:False,lend_segments:False,lend_blocks:False"
+pt="reclaim_before_growth:False,adaptive_segments:False,hot_cache:False,lend_segments:False,lend_blocks:False,adaptive_pages:False"
 confs=(--conf "" --conf expandable_segments:True --conf "$pt"
        --conf "$pt,expandable_segments:True" --conf lend_blocks:False)
 traces=(traces/*.trace)

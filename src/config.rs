@@ -13,8 +13,8 @@
 //! (torch_npu's head split with expandable segments, off by default; the preset sets
 //! torch_npu's 16), and `expandable_best_fit` (PyTorch's best fit with expandable
 //! segments, which npualloc's default leaves out: on in both presets),
-//! `adaptive_pages` (expandable large-pool pages scaled to the workload, off by
-//! default), and `exact_stats` (exact device-wide peaks with several streams, on by default).
+//! `adaptive_pages` (expandable large-pool pages scaled to the workload, on by
+//! default, off in both presets), and `exact_stats` (exact device-wide peaks with several streams, on by default).
 //! `Config::parse_torch_npu` reads `PYTORCH_NPU_ALLOC_CONF` as torch_npu 2.14
 //! does: every key torch_npu accepts is accepted (equivalents honoured, the rest listed
 //! as ignored).
@@ -35,7 +35,7 @@ pub const MAX_ROUNDUP_DIVISIONS: usize = 1 << 27;
 /// traces match PyTorch's figures).
 pub const PYTORCH_POLICY: &str =
     "reclaim_before_growth:False,adaptive_segments:False,hot_cache:False,lend_segments:False,\
-     lend_blocks:False,wait_before_growth:False,expandable_best_fit:True";
+     lend_blocks:False,wait_before_growth:False,expandable_best_fit:True,adaptive_pages:False";
 
 /// Bytes torch_npu 2.14 adds to every request before rounding on the SoCs and CANN
 /// versions users run today (`AddPadSize()`: 0 only from Ascend950 with CANN 9.1).
@@ -50,8 +50,8 @@ pub const TORCH_NPU_PADDING: usize = 32;
 /// detail, is what every setting does (`pool::free_list`).
 pub const TORCH_NPU_POLICY: &str =
     "reclaim_before_growth:False,adaptive_segments:False,hot_cache:False,lend_segments:False,\
-     lend_blocks:False,wait_before_growth:False,expandable_best_fit:True,request_padding:32,\
-     base_addr_aligned_kb:16";
+     lend_blocks:False,wait_before_growth:False,expandable_best_fit:True,adaptive_pages:False,\
+     request_padding:32,base_addr_aligned_kb:16";
 
 /// Smallest rounded request that torch_npu's head split aligns (its `kRoundLarge`).
 pub const HEAD_ALIGN_MIN: usize = 2 * MIB;
@@ -112,9 +112,11 @@ pub struct Config {
     /// growable or not (the figures of `benches/README.md` were measured so).
     pub expandable_best_fit: bool,
     /// With expandable segments, the large pool's page (mapping granule) scales with
-    /// the reserved high-water mark: 2 MiB doubling up to `large_segment_size_mb`, at
-    /// most 1/256 of the mark (`adaptive_pages:True`, npualloc's own;
-    /// `shard/expandable.rs`). Off by default: every page is `large_segment_size_mb`.
+    /// the workload: 2 MiB doubling up to `large_segment_size_mb`, at most 1/256 of the
+    /// reserved high-water mark or 1/32 of the request, whichever is larger
+    /// (`adaptive_pages`, npualloc's own; `shard/expandable.rs`). On by default, off in
+    /// [`PYTORCH_POLICY`] and [`TORCH_NPU_POLICY`] (`adaptive_pages:False`: every page
+    /// is `large_segment_size_mb`, as PyTorch's).
     pub adaptive_pages: bool,
     /// With expandable segments, a request of [`HEAD_ALIGN_MIN`] or more (rounded) is
     /// served at the first multiple of this many bytes in the block found, the bytes
@@ -153,7 +155,7 @@ impl Default for Config {
             request_padding: 0,
             base_addr_align: 0,
             expandable_best_fit: false,
-            adaptive_pages: false,
+            adaptive_pages: true,
             wait_before_growth: true,
             reserve_budget: None,
             exact_stats: true,
@@ -600,8 +602,10 @@ mod tests {
         let d = Config::default();
         assert!(d.reclaim_before_growth && d.adaptive_segments && d.hot_cache && d.lend_segments);
         assert!(d.lend_blocks);
-        // PyTorch's best fit with expandable segments, which npualloc's default lacks.
+        // PyTorch's best fit with expandable segments, which npualloc's default lacks;
+        // PyTorch's fixed pages, where npualloc's default scales them.
         assert!(c.expandable_best_fit && !d.expandable_best_fit);
+        assert!(!c.adaptive_pages && d.adaptive_pages);
         // Everything else PyTorch itself has keeps its default.
         assert_eq!(
             Config {
@@ -612,6 +616,7 @@ mod tests {
                 lend_blocks: true,
                 wait_before_growth: true,
                 expandable_best_fit: false,
+                adaptive_pages: true,
                 ..c
             },
             d

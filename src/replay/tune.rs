@@ -2,8 +2,9 @@
 //! search over a small grid, each point scored by [`min_capacity`] on every trace.
 //!
 //! The grid ([`GRID`]): PyTorch's `max_split_size_mb`, `roundup_power2_divisions` and
-//! `expandable_segments`, the page size `large_segment_size_mb` (which turns expandable
-//! segments on with it), and npualloc's own switches set to `False`. `garbage_collection_threshold` is left out: it acts only
+//! `expandable_segments`, the page settings `adaptive_pages:False` (fixed pages, as
+//! PyTorch's) and `large_segment_size_mb` (each turns expandable segments on with it),
+//! and npualloc's own switches set to `False`. `garbage_collection_threshold` is left out: it acts only
 //! when a memory fraction caps the device, which a replay does not set, so every value
 //! would score like the defaults.
 //!
@@ -26,10 +27,11 @@ use crate::trace::Trace;
 use crate::{Config, Error};
 
 /// Keys and the values tried for each.
-pub const GRID: [(&str, &[&str]); 9] = [
+pub const GRID: [(&str, &[&str]); 10] = [
     ("max_split_size_mb", &["64", "128", "256", "512"]),
     ("roundup_power2_divisions", &["1", "2", "4", "8"]),
     ("expandable_segments", &["True"]),
+    ("adaptive_pages", &["False"]),
     ("large_segment_size_mb", &["2", "4", "8"]),
     ("reclaim_before_growth", &["False"]),
     ("adaptive_segments", &["False"]),
@@ -37,6 +39,10 @@ pub const GRID: [(&str, &[&str]); 9] = [
     ("lend_segments", &["False"]),
     ("lend_blocks", &["False"]),
 ];
+
+/// The grid's keys that act on expandable segments' pages only: setting one turns
+/// expandable segments on with it, unsetting those turns it off.
+const PAGE_KEYS: [&str; 2] = ["adaptive_pages", "large_segment_size_mb"];
 
 /// Most rounds over the keys.
 pub const ROUNDS: usize = 3;
@@ -198,9 +204,9 @@ pub fn tune(
             for v in options {
                 let mut cand = current.clone();
                 let change = match v {
-                    // Only expandable segments have pages: a page size turns them on.
+                    // Only expandable segments have pages: a page setting turns them on.
                     Some(v)
-                        if key == "large_segment_size_mb"
+                        if PAGE_KEYS.contains(&key)
                             && !cand.contains_key("expandable_segments") =>
                     {
                         cand.insert("expandable_segments", "True");
@@ -214,7 +220,9 @@ pub fn tune(
                     None => {
                         cand.remove(key);
                         if key == "expandable_segments" {
-                            cand.remove("large_segment_size_mb");
+                            for k in PAGE_KEYS {
+                                cand.remove(k);
+                            }
                         }
                         format!("-{key}")
                     }

@@ -208,7 +208,8 @@ fn callers_current_device_is_restored() {
 
 fn expandable(path: &str) -> (Arc<AclDevice>, CachingAllocator) {
     let dev = Arc::new(AclDevice::load_from(path).unwrap());
-    let conf = Config::parse("expandable_segments:True").unwrap();
+    // Fixed 20 MiB pages (the assertions count them), as PyTorch's.
+    let conf = Config::parse("expandable_segments:True,adaptive_pages:False").unwrap();
     let a = CachingAllocator::new(dev.clone(), 0, conf).unwrap();
     (dev, a)
 }

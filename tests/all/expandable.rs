@@ -7,7 +7,9 @@ use npualloc::{CachingAllocator, Config, Error, StreamHandle};
 
 use crate::common::*;
 
-const ON: &str = "expandable_segments:True";
+/// Fixed pages (`large_segment_size_mb`, 20 MiB), as PyTorch's: these tests check the
+/// mapping mechanics page by page. The default's adaptive pages: `adaptive_pages_*`.
+const ON: &str = "expandable_segments:True,adaptive_pages:False";
 const S0: StreamHandle = StreamHandle::DEFAULT;
 
 fn expandable(capacity: usize) -> (std::sync::Arc<SimDevice>, CachingAllocator) {
@@ -183,7 +185,7 @@ fn page_sizes_follow_the_settings() {
         1 << 30,
         SimMode::Manual,
         false,
-        "expandable_segments:True,large_segment_size_mb:4,small_segment_size_mb:4",
+        "expandable_segments:True,adaptive_pages:False,large_segment_size_mb:4,small_segment_size_mb:4",
     );
     let big = a.malloc(5 * MIB, S0).unwrap();
     let small = a.malloc(1000, S0).unwrap();

@@ -31,7 +31,8 @@ int main(int argc, char **argv) {
   memset(&h, 0, sizeof h);
   h.device_synchronize = drain_hook;
   CHECK(npualloc_set_runtime_hooks(&h) == NPUALLOC_OK);
-  CHECK(npualloc_configure("expandable_segments:True") == NPUALLOC_OK);
+  /* Fixed 20 MiB pages, as PyTorch's (the checks below count them). */
+  CHECK(npualloc_configure("expandable_segments:True,adaptive_pages:False") == NPUALLOC_OK);
   ctl_counters c;
 
   /* 30 MiB: two 20 MiB pages; 15 MiB more: one page, right after the first block. */

@@ -12,9 +12,10 @@
 //!
 //! With `adaptive_pages:True` the page (mapping granule) of the large pool scales with
 //! the workload: 2 MiB while reserved memory is small, doubling as its high-water mark
-//! grows, up to `large_segment_size_mb` ([`ShardState::vm_page`]); growth maps into a
-//! reservation of the current granule, so pages of one reservation are all of one
-//! size. The small pool, and the default, keep the configured page sizes.
+//! grows, and for a request at least 1/32 of it, up to `large_segment_size_mb`
+//! ([`ShardState::vm_page_for`]); growth maps into a reservation of its granule, so
+//! pages of one reservation are all of one size. The small pool, and
+//! `adaptive_pages:False`, keep the configured page sizes.
 //!
 //! Blocks of a segment tile its mapped pages; each maximal run of mapped pages is one
 //! chain of blocks, counted as one segment in statistics and snapshots.
@@ -40,7 +41,7 @@ const SMALL_RESERVATION: usize = 2 << 30;
 const UNMAP_SLACK_DIVISOR: usize = 32;
 
 /// With `adaptive_pages`, the large pool's page size (the mapping granule) is at
-/// most this fraction of the reserved high-water mark ([`vm_page`](ShardState::vm_page)).
+/// most this fraction of the reserved high-water mark ([`vm_page_for`](ShardState::vm_page_for)).
 /// Measured on the 20 traces (`--conf expandable_segments:True`, benches/README.md,
 /// session 9 w3): 1/64 left unet_train at 1.022 (1.016 with fixed 20 MiB pages), 1/128
 /// at 1.016 (PyTorch's smallest device 1.013), 1/256 at 1.011, every other trace at or
@@ -48,6 +49,14 @@ const UNMAP_SLACK_DIVISOR: usize = 32;
 const GRANULE_DIVISOR: usize = 256;
 /// The smallest granule (bytes): the smallest `large_segment_size_mb`.
 const GRANULE_MIN: usize = 2 << 20;
+/// With `adaptive_pages`, a growth maps pages of at least this fraction of its request
+/// (doubling from [`GRANULE_MIN`], [`vm_page_for`](ShardState::vm_page_for)): a request
+/// far above the mark's granule is not mapped in 2 MiB pages whose last one a repeated
+/// workload keeps unmapping and mapping again. Measured (benches/README.md, session 10
+/// w2): gpt2_infer `--repeat 4` mapped 99 pages every pass for its 196 MiB logits with
+/// 2 MiB pages (176 maps once, 473 over four passes); with 1/32 (4 MiB pages for it)
+/// 128 maps once and over four passes; 1/16 also changed bert_train (1.015 → 1.020).
+const REQUEST_GRANULE_DIVISOR: usize = 32;
 
 /// A run of mapped pages: its chain's first and last block.
 struct Run {
@@ -91,16 +100,18 @@ impl ShardState {
             .insert(VmSegment::new(base, page, pages, stream, pool, kind)))
     }
 
-    /// The page size growth of `kind` maps now. The small pool, and the large pool
-    /// without `adaptive_pages`: the configured size (checked against the device's
-    /// granularity at creation). The large pool with `adaptive_pages`: a granule
-    /// scaled to the workload, as adaptive segments scale ordinary ones: the largest of 2 MiB (or the
-    /// device's granularity) doubled that is at most 1/256 of the reserved high-water
-    /// mark (this stream's, but at least half the device's), capped at
-    /// `large_segment_size_mb` (20 MiB by default: 2 MiB pages below a 1 GiB mark,
-    /// 4 below 2 GiB, 8 below 4 GiB, 16 below 8 GiB, then 20). Each granule maps into reservations of its own (`vm_grow`), so a
-    /// small workload maps 2 MiB pages and a large one keeps the configured page.
-    pub(super) fn vm_page(&self, kind: PoolKind) -> usize {
+    /// The page size a growth of `kind` for a request of `rounded` bytes maps. The
+    /// small pool, and the large pool without `adaptive_pages`: the configured size
+    /// (checked against the device's granularity at creation). The large pool with
+    /// `adaptive_pages`: a granule scaled to the workload, as adaptive segments scale
+    /// ordinary ones: the largest of 2 MiB (or the device's granularity) doubled that
+    /// is at most 1/256 of the reserved high-water mark (this stream's, but at least
+    /// half the device's) or at most 1/32 of the request ([`REQUEST_GRANULE_DIVISOR`]),
+    /// capped at `large_segment_size_mb` (20 MiB by default: 2 MiB pages below a 1 GiB
+    /// mark, 4 below 2 GiB, 8 below 4 GiB, 16 below 8 GiB, then 20). Each granule maps
+    /// into reservations of its own (`vm_grow`), so a small workload maps 2 MiB pages
+    /// and a large one keeps the configured page.
+    pub(super) fn vm_page_for(&self, kind: PoolKind, rounded: usize) -> usize {
         let config = &self.shared.config;
         let top = config.page_size(kind);
         if kind == PoolKind::Small || !config.adaptive_pages {
@@ -108,7 +119,8 @@ impl ShardState {
         }
         let grain = self.dev.vm_granularity(self.index).unwrap_or(top);
         let mut page = GRANULE_MIN.next_multiple_of(grain.max(1));
-        let target = self.acct.reserved_hwm.max(self.shared.hwm() / 2) / GRANULE_DIVISOR;
+        let mark = self.acct.reserved_hwm.max(self.shared.hwm() / 2);
+        let target = (mark / GRANULE_DIVISOR).max(rounded / REQUEST_GRANULE_DIVISOR);
         while page < top && page * 2 <= target {
             page *= 2;
         }
@@ -251,7 +263,7 @@ impl ShardState {
         rounded: usize,
     ) -> Result<Option<BlockId>, Error> {
         let pool = self.route();
-        let page = self.vm_page(kind);
+        let page = self.vm_page_for(kind, rounded);
         // Only segments of today's granule grow: pages mapped with a smaller one stay
         // in use until they are free and unmapped.
         let mine: Vec<usize> = self
@@ -670,12 +682,21 @@ mod tests {
         use super::super::testing::shard_on;
         use crate::pool::PoolKind::{Large, Small};
         let (_sim, mut st) = shard_on(2 << 30, "expandable_segments:True,adaptive_pages:True");
-        assert_eq!((st.vm_page(Large), st.vm_page(Small)), (2 * MIB, 2 * MIB));
+        assert_eq!(
+            (st.vm_page_for(Large, 0), st.vm_page_for(Small, 0)),
+            (2 * MIB, 2 * MIB)
+        );
         st.malloc(3 * MIB, false, &NoPeers).unwrap().unwrap();
         assert_eq!(st.acct.reserved, 4 * MIB);
-        st.malloc(1020 * MIB, false, &NoPeers).unwrap().unwrap();
+        // 17 requests of 60 MiB (each under 32 × 2 MiB: the request keeps 2 MiB pages).
+        for _ in 0..17 {
+            st.malloc(60 * MIB, false, &NoPeers).unwrap().unwrap();
+        }
         assert_eq!(st.acct.reserved, 1024 * MIB, "still 2 MiB pages");
-        assert_eq!((st.vm_page(Large), st.vm_page(Small)), (4 * MIB, 2 * MIB));
+        assert_eq!(
+            (st.vm_page_for(Large, 0), st.vm_page_for(Small, 0)),
+            (4 * MIB, 2 * MIB)
+        );
         let c = st.malloc(3 * MIB, false, &NoPeers).unwrap().unwrap();
         assert_eq!(st.acct.reserved, 1028 * MIB);
         let seg = st.blocks[id_of(&st, c)].vm.unwrap().index();
@@ -685,10 +706,38 @@ mod tests {
         assert_eq!(pages, [2 * MIB, 4 * MIB]);
         check(&st);
 
-        let (_sim, mut st) = shard("expandable_segments:True");
+        let (_sim, mut st) = shard("expandable_segments:True,adaptive_pages:False");
         st.malloc(3 * MIB, false, &NoPeers).unwrap().unwrap();
         assert_eq!(st.acct.reserved, 20 * MIB);
-        assert_eq!(st.vm_page(crate::pool::PoolKind::Large), 20 * MIB);
+        assert_eq!(st.vm_page_for(crate::pool::PoolKind::Large, 0), 20 * MIB);
+    }
+
+    /// With adaptive pages a request far above the mark's granule maps pages of at
+    /// least 1/32 of it: on a fresh shard (2 MiB granule) a 196 MiB request maps 4 MiB
+    /// pages in a reservation of their own, a 3 MiB one two 2 MiB pages; 20 MiB pages
+    /// at most.
+    #[test]
+    fn a_large_request_maps_pages_of_at_least_a_32nd_of_it() {
+        use crate::pool::PoolKind::Large;
+        let (_sim, mut st) = shard("expandable_segments:True,adaptive_pages:True");
+        assert_eq!(st.vm_page_for(Large, 0), 2 * MIB);
+        assert_eq!(st.vm_page_for(Large, 196 * MIB), 4 * MIB);
+        assert_eq!(st.vm_page_for(Large, 127 * MIB), 2 * MIB);
+        assert_eq!(st.vm_page_for(Large, 1 << 30), 20 * MIB);
+        let big = st.malloc(196 * MIB, false, &NoPeers).unwrap().unwrap();
+        assert_eq!(st.acct.reserved, 196 * MIB, "49 pages of 4 MiB");
+        let seg = st.blocks[id_of(&st, big)].vm.unwrap().index();
+        assert_eq!(st.vm[seg].page, 4 * MIB);
+        let small = st.malloc(3 * MIB, false, &NoPeers).unwrap().unwrap();
+        let seg = st.blocks[id_of(&st, small)].vm.unwrap().index();
+        assert_eq!(st.vm[seg].page, 2 * MIB);
+        assert_eq!(st.acct.reserved, 200 * MIB);
+        check(&st);
+        for p in [big, small] {
+            free(&mut st, p);
+        }
+        st.finish_merge();
+        check(&st);
     }
 
     /// PyTorch's best fit with expandable segments: a free 4 MiB end of the mapped
@@ -697,8 +746,12 @@ mod tests {
     #[test]
     fn best_fit_counts_a_growable_end_as_what_it_can_grow_to() {
         for (conf, middle) in [
-            ("expandable_segments:True,expandable_best_fit:True", true),
-            ("expandable_segments:True", false),
+            // Fixed 20 MiB pages, as PyTorch's.
+            (
+                "expandable_segments:True,adaptive_pages:False,expandable_best_fit:True",
+                true,
+            ),
+            ("expandable_segments:True,adaptive_pages:False", false),
         ] {
             let (_sim, mut st) = shard(conf);
             let a = st.malloc(4 * MIB, false, &NoPeers).unwrap().unwrap();

@@ -299,7 +299,8 @@ impl ShardState {
             return Ok(Grant::Lent(ptr));
         }
         let asked = if expandable {
-            req.rounded.next_multiple_of(self.vm_page(req.kind))
+            req.rounded
+                .next_multiple_of(self.vm_page_for(req.kind, req.rounded))
         } else {
             self.after_failure_size(req, seg_size)
         };
@@ -310,7 +311,9 @@ impl ShardState {
     /// reserved memory would pass its high-water mark; then this shard's free pages,
     /// then (`Ok(None)`) the other shards' caches.
     fn grow_pages(&mut self, req: &Request, peers: &dyn Peers) -> Result<Option<BlockId>, Error> {
-        let grow = req.rounded.next_multiple_of(self.vm_page(req.kind));
+        let grow = req
+            .rounded
+            .next_multiple_of(self.vm_page_for(req.kind, req.rounded));
         if !self.capture_underway() {
             self.release_empty_before_growth(grow, peers);
         }
