@@ -61,6 +61,20 @@ def seed_scenario(torch, runs=200):
     return wrong
 
 
+def late_read(torch, t, producer, reader, x, chain):
+    """Stream `reader` waits for `producer`, runs `chain` matmuls of x, then sums t's
+    first 128 values (t recorded on reader): the sum, a tensor, read after a
+    synchronisation."""
+    reader.wait_stream(producer)
+    with torch.cuda.stream(reader):
+        y = x
+        for _ in range(chain):
+            y = y @ x
+        got = t[:128].sum() + 0 * y[0, 0]
+    t.record_stream(reader)
+    return got
+
+
 def stream_stress(torch, steps=600, seed=1):
     """Four streams, random sizes (512 B to 24 MiB): a tensor filled with a stamp on
     its stream s is read by another stream u after a slow matmul chain (record_stream
@@ -80,15 +94,8 @@ def stream_stress(torch, steps=600, seed=1):
             t = torch.full((n,), stamp, device="cuda")
         if rng.random() < 0.4:
             u = rng.choice([o for o in streams if o is not s])
-            u.wait_stream(s)
-            with torch.cuda.stream(u):
-                y = x
-                for _ in range(rng.choice([2, 6, 12])):
-                    y = y @ x
-                got = t[:128].sum() + 0 * y[0, 0]
-            t.record_stream(u)
-            checks.append((stamp * 128, got))
-            del t, y
+            checks.append((stamp * 128, late_read(torch, t, s, u, x, rng.choice([2, 6, 12]))))
+            del t
             with torch.cuda.stream(s):
                 live.append(torch.full((n,), -1.0, device="cuda"))
         else:
@@ -117,15 +124,10 @@ def pressure_scenario(torch, comm, x, steps=300, seed=7, live_max=20):
             stamp = float(step % 1000 + 1)
             t = torch.full((n,), stamp, device="cuda")
             if rng.random() < 0.5:
-                comm.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(comm):
-                    y = x
-                    for _ in range(rng.choice([4, 8, 16])):
-                        y = y @ x
-                    got = t[:128].sum() + 0 * y[0, 0]
-                t.record_stream(comm)
-                checks.append((stamp * 128, got))
-                del t, y
+                main = torch.cuda.current_stream()
+                chain = rng.choice([4, 8, 16])
+                checks.append((stamp * 128, late_read(torch, t, main, comm, x, chain)))
+                del t
                 live.append(torch.full((n,), -1.0, device="cuda"))
             else:
                 live.append(t)
