@@ -88,6 +88,9 @@ pub(crate) struct Shared {
     /// (`shard/keep_whole.rs`) and new ones are the request's own size (`shard/ladder.rs`).
     /// A request larger than the device or the memory fraction does not set it.
     pub growth_failed: AtomicBool,
+    /// The device's total memory (`Device::mem_info`), asked once on first use; 0 until
+    /// then, `usize::MAX` if the device could not say ([`Shared::device_total`]).
+    device_total: AtomicUsize,
 }
 
 impl Shared {
@@ -117,7 +120,23 @@ impl Shared {
             capture_count: AtomicUsize::new(0),
             private_reserved: Mutex::new(PrivatePoolReserved::default()),
             growth_failed: AtomicBool::new(false),
+            device_total: AtomicUsize::new(0),
         }
+    }
+
+    /// The device's total memory, asked of the device once (`usize::MAX` if it cannot
+    /// say): a bound to test reservations against without a device call.
+    pub fn device_total(&self) -> usize {
+        let known = self.device_total.load(Ordering::Relaxed);
+        if known != 0 {
+            return known;
+        }
+        let total = self
+            .device
+            .mem_info(self.index)
+            .map_or(usize::MAX, |info| info.total.max(1));
+        self.device_total.store(total, Ordering::Relaxed);
+        total
     }
 
     /// Notes that `stream` starts (`true`) or stops capturing.

@@ -10,12 +10,22 @@
 //! one with 30 MiB live in a 126 MiB segment; PyTorch's policy, with its smaller
 //! segments cached, put those small tensors elsewhere.
 //!
-//! So once the device has refused a segment (`Shared::growth_failed`), such a segment is
-//! not split while the device could not give it back: the request misses this stream's
-//! cache, runs the ladder (lending, then growth, which first tries the request's own
-//! size rounded to 2 MiB, `alloc_segment`), and only if that fails too takes the
-//! segment after all (`take_kept_whole`, before the release rungs): the rule never fails
-//! a request that best fit would serve.
+//! So such a segment is not split while the device could not give it back: the request
+//! misses this stream's cache, runs the ladder (lending, then growth, which first tries
+//! the request's own size rounded to 2 MiB, `alloc_segment`), and only if that fails too
+//! takes the segment after all (`take_kept_whole`, before the release rungs): the rule
+//! never fails a request that best fit would serve. Once the device has refused a
+//! segment (`Shared::growth_failed`) it always applies; before that, only while the
+//! request's own segment can still be had, so that keeping never causes the first
+//! failure (which turns every later segment to its request's own size, `ladder.rs`).
+//! Measured (issue #15, session 10, benches/README.md): the split happens before any
+//! failure (resnet50_infer_varbatch's 98 MiB segment at its own smallest device);
+//! applying the rule there too lowers the defaults' smallest device on
+//! resnet50_infer_varbatch 1.212 → 1.029, t5_generate_varlen 1.720 → 1.660,
+//! bert_infer_varlen 1.424 → 1.363 and bert_train 1.037 → 1.032 (× peak requested), and
+//! OOMs at PyTorch's smallest device on #16's derived cases 21 → 19; without the
+//! own-size condition (keep, grow, fail) it lost elsewhere (llama_lora_finetune 1.067 →
+//! 1.103, gpt2_pretrain_bf16 1.035 → 1.088).
 //!
 //! Contract:
 //! - applies to a fresh request's best fit: this stream's own cache and merged cache
@@ -25,22 +35,27 @@
 //! - only with `adaptive_segments` (off in `PYTORCH_POLICY`), to large-pool
 //!   blocks that are a whole ordinary segment (not split, not expandable) and at least
 //!   twice the rounded request;
-//! - inert until a device malloc for a segment failed in this allocator: a replay on a
-//!   device as large as the uncapped peak reserve runs exactly as uncapped (no growth
-//!   fails there), and uncapped figures do not move;
+//! - before any failed growth, inert unless this allocator's own reservations leave no
+//!   room for the segment on the device (its total memory) or under the memory
+//!   fraction: uncapped figures do not move; on a device as small as the uncapped peak
+//!   reserve it may act (more device mallocs there on some traces, never an OOM in the
+//!   zoo; benches/README.md);
 //! - "could not give it back": the segment's size would pass the memory fraction, or
 //!   the device reports less free memory than that (`Device::mem_info`; asked only
 //!   here, after the cheap tests);
 //! - the fast path pays, when best fit found a large block at least twice the request,
-//!   one relaxed load of the flag; the rest is out of line or after a miss (callgrind,
-//!   ABI issue mix: no more instructions per pair, benches/README.md);
+//!   a call out of line with a relaxed load of the flag and, before any failure, of the
+//!   reserved bytes against the device's total (asked of the device once,
+//!   `Shared::device_total`); the rest is after a miss;
 //! - a request whose block was kept carries it (`Request::kept_whole`, set after the
-//!   cache rungs): its growth tries its own size rounded to 2 MiB first.
+//!   cache rungs): its growth takes its own size rounded to 2 MiB (`ladder.rs`,
+//!   `after_failure_size`), before any failure too.
 
 use std::sync::atomic::Ordering;
 
 use super::ladder::Request;
 use super::ShardState;
+use crate::pool::rounding::ROUND_LARGE;
 use crate::pool::{BlockId, PoolKind};
 
 impl ShardState {
@@ -57,30 +72,44 @@ impl ShardState {
         if kind != PoolKind::Large || bsize / 2 < rounded {
             return false;
         }
-        self.keeps_whole_slow(id, bsize)
+        self.keeps_whole_slow(id, bsize, rounded)
     }
 
     #[cold]
     #[inline(never)]
-    fn keeps_whole_slow(&mut self, id: BlockId, bsize: usize) -> bool {
-        let shared = &self.shared;
-        if !shared.config.adaptive_segments || !shared.growth_failed.load(Ordering::Relaxed) {
+    fn keeps_whole_slow(&mut self, id: BlockId, bsize: usize, rounded: usize) -> bool {
+        if !self.shared.config.adaptive_segments {
+            return false;
+        }
+        let failed = self.shared.growth_failed.load(Ordering::Relaxed);
+        // Before any failure, no device call unless this allocator's own reservations
+        // already rule the segment out (so an uncapped run never asks).
+        if !failed && !self.held_past(bsize) {
             return false;
         }
         let block = &self.blocks[id];
         if block.is_split() || block.vm.is_some() || self.could_regrow(bsize) {
             return false;
         }
-        true
+        // Before any failure, only while the request's own segment can be had: the
+        // rule then never causes the first failure (which would turn every later
+        // segment to its request's own size, `ladder.rs`).
+        failed || self.could_regrow(rounded.next_multiple_of(ROUND_LARGE))
+    }
+
+    /// Whether this allocator's reservations leave no room for `bytes` more on the
+    /// device (its total memory) or under the memory fraction: then a segment of
+    /// `bytes` surely cannot be had; otherwise only the device can say (other users'
+    /// memory). No device call after the first (`Shared::device_total`).
+    fn held_past(&self, bytes: usize) -> bool {
+        let want = self.shared.reserved().saturating_add(bytes);
+        want > self.shared.device_total() || self.shared.allowed_max().is_some_and(|m| want > m)
     }
 
     /// Whether `req`'s best fit in this stream's free lists is a segment kept whole
     /// (`Request::kept_whole`: it grows the least it can instead). Slow path: after
     /// the cache rungs missed.
     pub(super) fn keeps_whole_for(&mut self, req: &Request) -> bool {
-        if !self.shared.growth_failed.load(Ordering::Relaxed) {
-            return false;
-        }
         let Some(list) = self.pools.get(&self.route()) else {
             return false;
         };
@@ -115,6 +144,7 @@ impl ShardState {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::Ordering;
     use std::sync::Arc;
 
     use super::super::testing::{check, device, free, Others};
@@ -164,11 +194,45 @@ mod tests {
     }
 
     #[test]
-    fn before_any_failed_growth_best_fit_splits_as_before() {
-        let (sim, mut st) = cached_60("", 100, false);
+    fn before_any_failed_growth_best_fit_splits_while_the_segment_could_come_back() {
+        // 110 MiB free: the 60 MiB segment could be had again, so it is split as
+        // PyTorch's best fit does (every uncapped replay).
+        let (sim, mut st) = cached_60("", 200, false);
         let mallocs = sim.counters(0).mallocs;
         let _small = st.malloc(4 * MIB, false, &NoPeers).unwrap().unwrap();
         assert_eq!(sim.counters(0).mallocs, mallocs, "split, no growth");
+        st.finish_merge();
+        check(&st);
+    }
+
+    #[test]
+    fn before_any_failed_growth_a_small_request_grows_its_own_size_instead_of_splitting() {
+        // 10 MiB free and no growth failed yet: the 60 MiB segment could not come back,
+        // the request's own 4 MiB can. It grows exactly that (not the adaptive 20 MiB,
+        // whose failure would be the first), and the 60 MiB tensor finds its segment.
+        let (sim, mut st) = cached_60("", 100, false);
+        let mallocs = sim.counters(0).mallocs;
+        let small = st.malloc(4 * MIB, false, &NoPeers).unwrap().unwrap();
+        assert_eq!(sim.counters(0).mallocs, mallocs + 1);
+        assert_eq!(st.acct.reserved, 94 * MIB);
+        assert!(!st.shared.growth_failed.load(Ordering::Relaxed));
+        let big = st.malloc(60 * MIB, false, &NoPeers).unwrap().unwrap();
+        assert_eq!(sim.counters(0).mallocs, mallocs + 1);
+        free(&mut st, big);
+        free(&mut st, small);
+        st.finish_merge();
+        check(&st);
+    }
+
+    #[test]
+    fn before_any_failed_growth_a_request_whose_own_segment_does_not_fit_splits() {
+        // 10 MiB free: 12 MiB cannot grow either. Best fit splits the segment at once;
+        // no growth is tried, so none fails and later segments keep adaptive sizes.
+        let (sim, mut st) = cached_60("", 100, false);
+        let mallocs = sim.counters(0).mallocs;
+        assert!(st.malloc(12 * MIB, false, &NoPeers).unwrap().is_some());
+        assert_eq!(sim.counters(0).mallocs, mallocs);
+        assert!(!st.shared.growth_failed.load(Ordering::Relaxed));
         st.finish_merge();
         check(&st);
     }

@@ -4,10 +4,11 @@
 //! The rungs, in order (each one only when the ones above found nothing):
 //! 1. **own cache**: the hot cache, then best fit in this stream's free lists (first
 //!    the block of a deferred merge, when best fit would split it off the merged block);
-//!    once a device malloc has failed, best fit does not split a whole segment twice
-//!    the request's size or more that the device could not give back
-//!    (`keep_whole.rs`): the request grows instead, its own size first, and takes that
-//!    segment only if growth fails (before rung 5's release);
+//!    best fit does not split a whole segment twice the request's size or more that
+//!    the device could not give back, once a device malloc has failed or while the
+//!    request's own segment can be had (`keep_whole.rs`): the request grows instead,
+//!    its own size first, and takes that segment only if growth fails (before rung
+//!    5's release);
 //! 2. **merged cache**: the hot cache merged into the free lists, best fit again;
 //! 3. **lending**: garbage collection (with a memory fraction), a wholly free segment of
 //!    another stream, then a free block of another stream (`lending.rs`); with
@@ -405,8 +406,8 @@ impl ShardState {
     /// (adaptive sizing only), then PyTorch's size if that is smaller than `seg_size`:
     /// memory is short, and a segment that fits beats a larger one that does not
     /// (measured: without it the defaults ran out of memory at PyTorch's smallest
-    /// device on most derived cases, benches/README.md). Once a growth has failed (so
-    /// for every request whose block was kept whole, `keep_whole.rs`), `seg_size` is
+    /// device on most derived cases, benches/README.md). Once a growth has failed, and
+    /// for every request whose block was kept whole (`keep_whole.rs`), `seg_size` is
     /// already the request's own size (`after_failure_size`).
     fn alloc_segment(&mut self, req: &Request, seg_size: usize) -> Result<Option<BlockId>, Error> {
         let seg_size = self.after_failure_size(req, seg_size);
@@ -453,14 +454,15 @@ impl ShardState {
     }
 
     /// `seg_size`, or once a device malloc for a segment has failed on this device
-    /// (`growth_failed`, also `keep_whole.rs`'s trigger) the request's own size rounded
-    /// to 2 MiB if that is smaller (adaptive sizing only): memory is short for good, and
+    /// (`growth_failed`), or for a request whose best fit was kept whole
+    /// (`keep_whole.rs`), the request's own size rounded to 2 MiB if that is smaller
+    /// (adaptive sizing only): memory is short, and
     /// an adaptive segment's excess over the request is what a later large request
     /// then misses (measured: OOM on PyTorch's smallest device 23 → 21 cases,
-    /// benches/README.md, issue #16's session 9, w2). Before any failure, and so on
-    /// every uncapped replay, nothing changes.
+    /// benches/README.md, issue #16's session 9, w2). Before any failure and with no
+    /// block kept whole, and so on every uncapped replay, nothing changes.
     fn after_failure_size(&self, req: &Request, seg_size: usize) -> usize {
-        if !self.shared.growth_failed.load(Ordering::Relaxed) {
+        if !self.shared.growth_failed.load(Ordering::Relaxed) && !req.kept_whole {
             return seg_size;
         }
         match self.exact_segment_size(req) {
