@@ -15,10 +15,9 @@
 //!
 //! Contract:
 //! - only on npualloc's path (`wait_before_growth`; PyTorch's policy keeps PyTorch's
-//!   out of memory), and only where the request would otherwise be out of memory: a
-//!   replay with no out of memory is unchanged, so are all uncapped figures; with
-//!   expandable segments too (the block is mapped: blocks tile mapped pages, and a page
-//!   holding it is not whole free, so it is not unmapped while it is live);
+//!   out of memory), without expandable segments, and only where the request would
+//!   otherwise be out of memory: a replay with no out of memory is unchanged, so are
+//!   all uncapped figures;
 //! - the block stays a large-pool block: it is split by the large pool's rule (a
 //!   remainder over 1 MiB stays free in the large pool), its statistics count in the
 //!   large pool (as every block's, by the pool of its segment, as PyTorch's do), and
@@ -43,7 +42,7 @@ impl ShardState {
     /// step before out of memory (module contract); out of its free list.
     pub(super) fn take_large_for_small(&mut self, req: &Request) -> Option<BlockId> {
         let config = &self.shared.config;
-        if req.kind != PoolKind::Small || !config.wait_before_growth {
+        if req.kind != PoolKind::Small || !config.wait_before_growth || config.expandable_segments {
             return None;
         }
         self.get_free_block(PoolKind::Large, req.rounded)
@@ -110,33 +109,6 @@ mod tests {
             })
             .collect();
         assert_eq!(large, vec![vec![(12, true), (2, false), (6, true)]]);
-        check(&st);
-    }
-
-    #[test]
-    fn with_expandable_segments_a_small_request_takes_a_mapped_large_block() {
-        // One 20 MiB large page (12 MiB free, 2 MiB live, 6 MiB free) and two 2 MiB
-        // small pages full: no page can be mapped, none is whole free.
-        let (_sim, mut st) = shard_on(24 << 20, "expandable_segments:True");
-        let large = st.malloc(12 << 20, false, &NoPeers).unwrap().unwrap();
-        let _pin = st.malloc(2 << 20, false, &NoPeers).unwrap().unwrap();
-        for _ in 0..4 {
-            assert!(st.malloc(1 << 20, false, &NoPeers).unwrap().is_some());
-        }
-        free(&mut st, large);
-        assert_eq!(st.malloc(1000, false, &NoPeers).unwrap(), None);
-        let p = st.malloc(1000, true, &NoPeers).unwrap().unwrap();
-        let id = id_of(&st, p);
-        assert_eq!(st.blocks[id].kind, PoolKind::Large);
-        assert!(st.blocks[id].vm.is_some());
-        assert_eq!(st.acct.stats.num_ooms, 0);
-        free(&mut st, p);
-        st.finish_merge();
-        let s = st.stats_snapshot();
-        assert_eq!(
-            s.allocated_bytes[StatType::LargePool as usize].current,
-            2 << 20
-        );
         check(&st);
     }
 
