@@ -10,7 +10,8 @@
 //!    event of its last pending free: `synchronize_and_free_events`), release every
 //!    cached segment of every stream; take a free block of this stream, grow, else
 //!    borrow a free block of another stream (frees just synchronised may have merged
-//!    into one that fits); else out of memory.
+//!    into one that fits), else (a small request) take a free block of this stream's
+//!    large pool (`shard/small_spill.rs`); else out of memory.
 //!    PyTorch's policy takes this rung alone, synchronises every pending event, as
 //!    PyTorch does, and borrows nothing.
 //!

@@ -95,7 +95,7 @@ const CASES: [(&str, &str, u64, bool); 100] = [
     ("resnet50_infer_varbatch", "comm256", 438, false),
     ("resnet50_infer_varbatch", "branch", 422, true),
     ("resnet50_infer_varbatch", "rr4", 510, false),
-    ("t5_generate_varlen", "comm16", 56, true),
+    ("t5_generate_varlen", "comm16", 56, false),
     ("t5_generate_varlen", "comm64", 62, false),
     ("t5_generate_varlen", "comm256", 82, false),
     ("t5_generate_varlen", "branch", 62, false),

@@ -37,7 +37,8 @@
 //!    stream holding one is synchronised once, `events.rs`), release every cached
 //!    segment; (npualloc's path) take a free block of this stream, which the
 //!    synchronised frees may have merged; grow; else (npualloc's path) borrow another
-//!    stream's free block, likewise; else out of memory.
+//!    stream's free block, likewise; else (npualloc's path) a small request takes a
+//!    free block of this stream's large pool (`small_spill.rs`); else out of memory.
 //!
 //! Contract: `malloc` either hands out a block (its pointer mapped in `ptrs`), returns
 //! `Ok(None)` when only rung 6 could help, or fails with out of memory after counting it.
@@ -298,6 +299,10 @@ impl ShardState {
         // stream: lend it rather than fail (`peers` is `NoPeers` on PyTorch's path).
         if let Some(ptr) = self.borrow_block(req, false, false, peers) {
             return Ok(Grant::Lent(ptr));
+        }
+        // (npualloc's path) a small request takes a large-pool block rather than fail.
+        if let Some(id) = self.take_large_for_small(req) {
+            return Ok(Grant::Own(id));
         }
         let asked = if expandable {
             req.rounded

@@ -37,6 +37,7 @@ mod lending;
 mod ordering;
 mod pressure;
 mod release;
+mod small_spill;
 
 pub use capture::PrivatePool;
 use lazy_merge::LazyMerge;
