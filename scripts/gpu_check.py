@@ -318,6 +318,9 @@ def install(mode):
     if "expandable" in mode:
         # Virtual-memory segments through the CUDA driver API (cuMemCreate/cuMemMap).
         os.environ["NPUALLOC_CONF"] = "expandable_segments:True"
+        if mode.endswith("-fixedpages"):
+            # Diagnosis: PyTorch's fixed 20 MiB pages instead of the adaptive ones.
+            os.environ["NPUALLOC_CONF"] += ",adaptive_pages:False"
     if mode == "plain-pluggable":
         # Diagnosis: torch's pluggable-allocator path with plain cudaMalloc/cudaFree,
         # to tell a failure of that path from one of npualloc's.
@@ -425,7 +428,7 @@ def oom_check(torch, mode, lib):
 
 
 MODES = ["native", "npualloc", "npualloc-expandable"]
-DIAGNOSIS = ["npualloc-nograph", "plain-pluggable"]
+DIAGNOSIS = ["npualloc-nograph", "plain-pluggable", "npualloc-expandable-fixedpages"]
 CONTROLS = ["npualloc-norecord", "oom-native", "oom-npualloc", "oom-npualloc-expandable"]
 PRESSURE = ["pressure-native", "pressure-npualloc", "pressure-npualloc-nowait",
             "pressure-npualloc-norecord"]

@@ -13,8 +13,8 @@
 //! (torch_npu's head split with expandable segments, off by default; the preset sets
 //! torch_npu's 16), and `expandable_best_fit` (PyTorch's best fit with expandable
 //! segments, which npualloc's default leaves out: on in both presets),
-//! `adaptive_pages` (expandable large-pool pages scaled to the workload, on by
-//! default, off in both presets), and `exact_stats` (exact device-wide peaks with several streams, on by default).
+//! `adaptive_pages` (expandable large-pool pages scaled to the workload, off by
+//! default and in both presets), and `exact_stats` (exact device-wide peaks with several streams, on by default).
 //! `Config::parse_torch_npu` reads `PYTORCH_NPU_ALLOC_CONF` as torch_npu 2.14
 //! does: every key torch_npu accepts is accepted (equivalents honoured, the rest listed
 //! as ignored).
@@ -114,9 +114,10 @@ pub struct Config {
     /// With expandable segments, the large pool's page (mapping granule) scales with
     /// the workload: 2 MiB doubling up to `large_segment_size_mb`, at most 1/256 of the
     /// reserved high-water mark or 1/32 of the request, whichever is larger
-    /// (`adaptive_pages`, npualloc's own; `shard/expandable.rs`). On by default, off in
-    /// [`PYTORCH_POLICY`] and [`TORCH_NPU_POLICY`] (`adaptive_pages:False`: every page
-    /// is `large_segment_size_mb`, as PyTorch's).
+    /// (`adaptive_pages:True`, npualloc's own; `shard/expandable.rs`). Off by default
+    /// and in [`PYTORCH_POLICY`] and [`TORCH_NPU_POLICY`]: every page is
+    /// `large_segment_size_mb`, as PyTorch's (on an H200 the scaled pages made a
+    /// training step 13-20 % slower, README.md).
     pub adaptive_pages: bool,
     /// With expandable segments, a request of [`HEAD_ALIGN_MIN`] or more (rounded) is
     /// served at the first multiple of this many bytes in the block found, the bytes
@@ -155,7 +156,7 @@ impl Default for Config {
             request_padding: 0,
             base_addr_align: 0,
             expandable_best_fit: false,
-            adaptive_pages: true,
+            adaptive_pages: false,
             wait_before_growth: true,
             reserve_budget: None,
             exact_stats: true,
@@ -602,10 +603,8 @@ mod tests {
         let d = Config::default();
         assert!(d.reclaim_before_growth && d.adaptive_segments && d.hot_cache && d.lend_segments);
         assert!(d.lend_blocks);
-        // PyTorch's best fit with expandable segments, which npualloc's default lacks;
-        // PyTorch's fixed pages, where npualloc's default scales them.
+        // PyTorch's best fit with expandable segments, which npualloc's default lacks.
         assert!(c.expandable_best_fit && !d.expandable_best_fit);
-        assert!(!c.adaptive_pages && d.adaptive_pages);
         // Everything else PyTorch itself has keeps its default.
         assert_eq!(
             Config {
@@ -616,7 +615,6 @@ mod tests {
                 lend_blocks: true,
                 wait_before_growth: true,
                 expandable_best_fit: false,
-                adaptive_pages: true,
                 ..c
             },
             d

@@ -2,8 +2,8 @@
 //! search over a small grid, each point scored by [`min_capacity`] on every trace.
 //!
 //! The grid ([`GRID`]): PyTorch's `max_split_size_mb`, `roundup_power2_divisions` and
-//! `expandable_segments`, the page settings `adaptive_pages:False` (fixed pages, as
-//! PyTorch's) and `large_segment_size_mb` (each turns expandable segments on with it),
+//! `expandable_segments`, the page settings `adaptive_pages:True` (pages scaled to the
+//! workload) and `large_segment_size_mb` (each turns expandable segments on with it),
 //! and npualloc's own switches set to `False`. `garbage_collection_threshold` is left out: it acts only
 //! when a memory fraction caps the device, which a replay does not set, so every value
 //! would score like the defaults.
@@ -31,7 +31,7 @@ pub const GRID: [(&str, &[&str]); 10] = [
     ("max_split_size_mb", &["64", "128", "256", "512"]),
     ("roundup_power2_divisions", &["1", "2", "4", "8"]),
     ("expandable_segments", &["True"]),
-    ("adaptive_pages", &["False"]),
+    ("adaptive_pages", &["True"]),
     ("large_segment_size_mb", &["2", "4", "8"]),
     ("reclaim_before_growth", &["False"]),
     ("adaptive_segments", &["False"]),
