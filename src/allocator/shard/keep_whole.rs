@@ -178,19 +178,26 @@ mod tests {
         // 30 MiB free: the 60 MiB segment could not come back, a 20 MiB one could.
         let (sim, mut st) = cached_60("", 120, true);
         assert_eq!(sim.counters(0).mallocs, 2);
+        grows_its_own_4_mib_and_the_60_mib_tensor_finds_its_segment(&sim, &mut st);
+    }
+
+    /// A 4 MiB request beside `cached_60`'s whole segment: its own segment, not the head
+    /// of the 60 MiB one, and the least (4 MiB, not the adaptive 20 MiB); so a 60 MiB
+    /// tensor then comes back to its segment with no growth.
+    fn grows_its_own_4_mib_and_the_60_mib_tensor_finds_its_segment(
+        sim: &SimDevice,
+        st: &mut ShardState,
+    ) {
         let mallocs = sim.counters(0).mallocs;
         let small = st.malloc(4 * MIB, false, &NoPeers).unwrap().unwrap();
-        // Its own segment, not the head of the 60 MiB one; and the least: 4 MiB, not
-        // the adaptive 20 MiB.
         assert_eq!(sim.counters(0).mallocs, mallocs + 1);
         assert_eq!(st.acct.reserved, 94 * MIB);
-        // So the 60 MiB tensor comes back to its segment.
         let big = st.malloc(60 * MIB, false, &NoPeers).unwrap().unwrap();
         assert_eq!(sim.counters(0).mallocs, mallocs + 1);
-        free(&mut st, big);
-        free(&mut st, small);
+        free(st, big);
+        free(st, small);
         st.finish_merge();
-        check(&st);
+        check(st);
     }
 
     #[test]
@@ -211,17 +218,8 @@ mod tests {
         // the request's own 4 MiB can. It grows exactly that (not the adaptive 20 MiB,
         // whose failure would be the first), and the 60 MiB tensor finds its segment.
         let (sim, mut st) = cached_60("", 100, false);
-        let mallocs = sim.counters(0).mallocs;
-        let small = st.malloc(4 * MIB, false, &NoPeers).unwrap().unwrap();
-        assert_eq!(sim.counters(0).mallocs, mallocs + 1);
-        assert_eq!(st.acct.reserved, 94 * MIB);
+        grows_its_own_4_mib_and_the_60_mib_tensor_finds_its_segment(&sim, &mut st);
         assert!(!st.shared.growth_failed.load(Ordering::Relaxed));
-        let big = st.malloc(60 * MIB, false, &NoPeers).unwrap().unwrap();
-        assert_eq!(sim.counters(0).mallocs, mallocs + 1);
-        free(&mut st, big);
-        free(&mut st, small);
-        st.finish_merge();
-        check(&st);
     }
 
     #[test]
