@@ -139,6 +139,15 @@ impl Shared {
         total
     }
 
+    /// Whether `bytes` more beside `held` bytes stay within the device's total memory
+    /// and the memory fraction: past either, a segment of `bytes` surely cannot be had;
+    /// within, only the device can say (other users' memory). No device call after the
+    /// first ([`Shared::device_total`]).
+    pub fn fits_beside(&self, held: usize, bytes: usize) -> bool {
+        let want = held.saturating_add(bytes);
+        want <= self.device_total() && self.allowed_max().is_none_or(|m| want <= m)
+    }
+
     /// Notes that `stream` starts (`true`) or stops capturing.
     pub fn set_capturing(&self, stream: StreamHandle, on: bool) {
         let mut c = self.capturing.lock();

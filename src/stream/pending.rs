@@ -134,17 +134,10 @@ impl<T: Copy> EventQueues<T> {
         T: PartialEq,
     {
         let mut out = Vec::new();
-        for (&s, q) in self.queues.iter_mut() {
-            q.retain(|&(ev, it)| {
-                let hit = it == item;
-                if hit {
-                    out.push((s, ev));
-                }
-                !hit
-            });
+        for s in self.streams() {
+            let taken = self.take_where(s, |it| it == item);
+            out.extend(taken.into_iter().map(|(ev, _)| (s, ev)));
         }
-        self.len -= out.len();
-        self.queues.retain(|_, q| !q.is_empty());
         out
     }
 

@@ -11,7 +11,7 @@
 
 use super::ShardState;
 use crate::allocator::totals::Kind;
-use crate::device::{DeviceError, DevicePtr, StreamHandle};
+use crate::device::{DeviceError, DevicePtr, EventHandle, StreamHandle};
 use crate::error::Error;
 use crate::pool::{BlockId, Phase};
 use crate::stats::StatType;
@@ -245,12 +245,20 @@ impl ShardState {
                 first_err.get_or_insert(e);
                 continue;
             }
-            for (ev, id) in self.waits.pending.take_stream(s) {
-                self.waits.events.put(ev);
-                self.event_done(id);
-            }
+            let ended = self.waits.pending.take_stream(s);
+            self.waits_ended(ended);
         }
         first_err.map_or(Ok(()), Err)
+    }
+
+    /// Ends the waits `pairs` stood for, taken out of the pending queues once their
+    /// events are behind (completed, or waited for on the device by the only stream
+    /// that will see the blocks): each event back to the pool, each wait ended.
+    pub(super) fn waits_ended(&mut self, pairs: Vec<(EventHandle, BlockId)>) {
+        for (ev, id) in pairs {
+            self.waits.events.put(ev);
+            self.event_done(id);
+        }
     }
 }
 

@@ -119,8 +119,7 @@ impl ShardState {
         }
         let grain = self.dev.vm_granularity(self.index).unwrap_or(top);
         let mut page = GRANULE_MIN.next_multiple_of(grain.max(1));
-        let mark = self.acct.reserved_hwm.max(self.shared.hwm() / 2);
-        let target = (mark / GRANULE_DIVISOR).max(rounded / REQUEST_GRANULE_DIVISOR);
+        let target = (self.size_mark() / GRANULE_DIVISOR).max(rounded / REQUEST_GRANULE_DIVISOR);
         while page < top && page * 2 <= target {
             page *= 2;
         }
@@ -405,10 +404,8 @@ impl ShardState {
             self.blocks[id].next = Some(r);
         }
         self.count_split(&touched, true);
-        self.acct.reserved += bytes;
-        self.acct.reserved_hwm = self.acct.reserved_hwm.max(self.acct.reserved);
+        self.bytes_reserved(kind, bytes);
         let st = kind.stat_type();
-        self.acct.increase(Kind::ReservedBytes, st, bytes);
         self.note_pool_reserved(pool, kind, bytes, true);
         let runs_delta = 1 - fit.left.is_some() as i64 - fit.right.is_some() as i64;
         self.acct.apply_net(Kind::Segment, st, runs_delta);

@@ -462,13 +462,19 @@ impl ShardState {
         s.size
     }
 
+    /// Counts `bytes` of device memory this shard now reserves (a segment, or pages
+    /// mapped into one): reserved bytes, their high-water mark and statistics.
+    pub(super) fn bytes_reserved(&mut self, kind: PoolKind, bytes: usize) {
+        self.acct.reserved += bytes;
+        self.acct.reserved_hwm = self.acct.reserved_hwm.max(self.acct.reserved);
+        self.acct
+            .increase(Kind::ReservedBytes, kind.stat_type(), bytes);
+    }
+
     /// Counts a segment this shard now holds: reserved bytes and segment statistics.
     pub(super) fn segment_added(&mut self, kind: PoolKind, size: usize) {
-        self.acct.reserved += size;
-        self.acct.reserved_hwm = self.acct.reserved_hwm.max(self.acct.reserved);
-        let st = kind.stat_type();
-        self.acct.increase(Kind::Segment, st, 1);
-        self.acct.increase(Kind::ReservedBytes, st, size);
+        self.acct.increase(Kind::Segment, kind.stat_type(), 1);
+        self.bytes_reserved(kind, size);
         if size >= self.shared.config.max_split_size {
             self.acct
                 .increase(Kind::OversizeSegments, StatType::Aggregate, 1);

@@ -98,12 +98,9 @@ impl ShardState {
     }
 
     /// Whether this allocator's reservations leave no room for `bytes` more on the
-    /// device (its total memory) or under the memory fraction: then a segment of
-    /// `bytes` surely cannot be had; otherwise only the device can say (other users'
-    /// memory). No device call after the first (`Shared::device_total`).
+    /// device or under the memory fraction (`Shared::fits_beside`).
     fn held_past(&self, bytes: usize) -> bool {
-        let want = self.shared.reserved().saturating_add(bytes);
-        want > self.shared.device_total() || self.shared.allowed_max().is_some_and(|m| want > m)
+        !self.shared.fits_beside(self.shared.reserved(), bytes)
     }
 
     /// Whether `req`'s best fit in this stream's free lists is a segment kept whole

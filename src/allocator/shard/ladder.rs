@@ -377,14 +377,19 @@ impl ShardState {
         if !self.shared.config.adaptive_segments || rounded <= SMALL_SIZE {
             return Some(pytorch);
         }
-        // This stream's own high-water mark, but at least half the device's: streams
-        // taking turns still get segments large enough to share (measured: the
-        // device's alone over-sizes a side stream's segments, the stream's alone
-        // under-sizes those of streams in rotation; benches/README.md).
-        let mark = self.acct.reserved_hwm.max(self.shared.hwm() / 2);
+        let mark = self.size_mark();
         let floor = (mark / ADAPTIVE_DIVISOR).clamp(LARGE_BUFFER, ADAPTIVE_MAX);
         let exact = rounded.checked_next_multiple_of(ROUND_LARGE)?;
         Some(exact.max(floor.next_multiple_of(ROUND_LARGE)))
+    }
+
+    /// The reserve mark that adaptive sizes scale with (segments here, expandable
+    /// pages in `expandable.rs`): this stream's own high-water mark, but at least half
+    /// the device's, so streams taking turns still get sizes large enough to share
+    /// (measured: the device's alone over-sizes a side stream's segments, the stream's
+    /// alone under-sizes those of streams in rotation; benches/README.md).
+    pub(super) fn size_mark(&self) -> usize {
+        self.acct.reserved_hwm.max(self.shared.hwm() / 2)
     }
 
     /// Counts an OOM and builds its error, with torch_npu's message.
@@ -450,12 +455,7 @@ impl ShardState {
     /// say memory is short (`growth_failed`). A request larger than the whole device
     /// is the caller's error and changes no later sizing.
     fn fits_an_empty_device(&self, bytes: usize) -> bool {
-        if self.shared.allowed_max().is_some_and(|max| bytes > max) {
-            return false;
-        }
-        self.dev
-            .mem_info(self.index)
-            .map_or(true, |info| bytes <= info.total)
+        self.shared.fits_beside(0, bytes)
     }
 
     /// `seg_size`, or once a device malloc for a segment has failed on this device

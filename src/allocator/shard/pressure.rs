@@ -108,10 +108,8 @@ impl ShardState {
             let blocks = &self.blocks;
             // Only the stream's own pool: a graph-private block may next be used by a
             // stream that is not ordered after this one.
-            for (ev, b) in (self.waits.pending).take_where(s, |b| blocks[b].pool.is_none()) {
-                self.waits.events.put(ev);
-                self.event_done(b);
-            }
+            let ended = (self.waits.pending).take_where(s, |b| blocks[b].pool.is_none());
+            self.waits_ended(ended);
         }
         self.acct.device_waits += 1;
         self.get_free_block(req.kind, req.rounded)
