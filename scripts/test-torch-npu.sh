@@ -47,6 +47,23 @@ if [ ! -f "$venv/.complete" ]; then
   fi
   touch "$venv/.complete"
 fi
+# The CUDA runtime's crt/ headers (cuda_runtime.h includes crt/host_config.h): torch's
+# CUDA wheels bring cuda_runtime_api.h (nvidia-cuda-runtime) but not crt/, which
+# npualloc.install_cuda()'s shim needs to compile against torch's CUDAAllocator header
+# (the cuda_shim scenario). A small wheel, in its own cached folder beside the venv.
+CUDA_CRT_VERSION=13.0.88
+crt="$cache/nvidia-cuda-crt-$CUDA_CRT_VERSION"
+if [ ! -f "$crt/.complete" ]; then
+  rm -rf "$crt"
+  if ! "$venv/bin/pip" install -q --disable-pip-version-check --no-deps --target "$crt" \
+      "nvidia-cuda-crt==$CUDA_CRT_VERSION"; then
+    echo "test-torch-npu: FAILED to fetch nvidia-cuda-crt==$CUDA_CRT_VERSION from the package index" >&2
+    rm -rf "$crt"
+    exit 1
+  fi
+  touch "$crt/.complete"
+fi
+export NPUALLOC_CUDA_INCLUDE="$crt/nvidia/cu13/include"
 if [ "${1:-}" = "--install-only" ]; then
   echo "torch $TORCH_VERSION + torch_npu $TORCH_NPU_VERSION ready in $venv"
   exit 0
