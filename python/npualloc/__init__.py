@@ -31,6 +31,9 @@ BACKENDS = ("acl", "sim", "cuda")
 
 _SWAP_TOO_LATE = "Can't swap an already initialized allocator"
 
+# The shim module install() / install_cuda() loaded (tests read its counters).
+_shim = None
+
 
 class NpuallocError(RuntimeError):
     """An npualloc call failed; the message is the library's last error."""
@@ -273,6 +276,8 @@ def install(backend="acl", conf=None):
     if not shim.set_device_allocator():
         raise NpuallocError("npualloc.install(): c10::GetAllocator(PrivateUse1) did not take "
                             "npualloc's allocator")
+    global _shim
+    _shim = shim
     return allocator
 
 
@@ -296,6 +301,8 @@ def install_cuda(conf=None):
     if not shim.set_device_allocator():
         raise NpuallocError("npualloc.install_cuda(): c10::GetAllocator(CUDA) did not take "
                             "npualloc's allocator")
+    global _shim
+    _shim = shim
     return allocator
 
 

@@ -143,6 +143,10 @@ void raw_deleter_fn(void* ptr) {
 
 bool is_ours(const c10::DataPtr& ptr) { return ptr.get() != nullptr && ptr.get_deleter() == &raw_deleter_fn; }
 
+// The GPU check's negative control (scripts/gpu_check.py, npualloc-norecord): with
+// this set, recordStream does nothing, so its stream checks must see wrong data.
+std::atomic<bool> g_ignore_record_stream{false};
+
 class NpuallocCudaAllocator final : public CCA::CUDAAllocator {
  public:
   using CCA::CUDAAllocator::recordStream;
@@ -168,8 +172,10 @@ class NpuallocCudaAllocator final : public CCA::CUDAAllocator {
       npualloc_empty_cache_all();
       return;
     }
+    // One pool's cached memory: reached from MemPool's destructor, so a failure warns.
     int n = npualloc_device_count();
-    for (int d = 0; d < n; ++d) check(npualloc_empty_cache_pool(d, pool.first, pool.second), "emptyCache");
+    for (int d = 0; d < n; ++d)
+      npualloc_shim::warn_if_failed(npualloc_empty_cache_pool(d, pool.first, pool.second), "emptyCache");
   }
 
   c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
@@ -249,7 +255,7 @@ class NpuallocCudaAllocator final : public CCA::CUDAAllocator {
   void recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) override {
     // An empty tensor's storage has no block, and memory of another allocator is not
     // npualloc's to track: PyTorch's allocator skips both.
-    if (!is_ours(ptr)) return;
+    if (!is_ours(ptr) || g_ignore_record_stream.load(std::memory_order_relaxed)) return;
     npualloc_record_stream(ptr.get_context(), static_cast<npualloc_stream>(stream.stream()));
   }
 
@@ -300,9 +306,12 @@ class NpuallocCudaAllocator final : public CCA::CUDAAllocator {
     check(npualloc_pool_incref(device, pool.first, pool.second), "createOrIncrefPool");
   }
 
-  void setUseOnOOM(c10::DeviceIndex, c10::MempoolId_t, bool) override {
-    unsupported("setUseOnOOM (MemPool(use_on_oom=True))",
-                "npualloc never serves an allocation outside a pool from the pool's memory");
+  // npualloc never serves an allocation outside a pool from the pool's memory: false
+  // (what MemPool's destructor sets) is its behaviour; true is refused.
+  void setUseOnOOM(c10::DeviceIndex, c10::MempoolId_t, bool use_on_oom) override {
+    if (use_on_oom)
+      unsupported("setUseOnOOM (MemPool(use_on_oom=True))",
+                  "npualloc never serves an allocation outside a pool from the pool's memory");
   }
 
   void setNoSplit(c10::DeviceIndex, c10::MempoolId_t) override {
@@ -435,6 +444,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     c10::SetAllocator(kDevice, a, std::numeric_limits<uint8_t>::max());
     return c10::GetAllocator(kDevice) == a;
   });
+  m.def("ignore_record_stream", [](bool on) { g_ignore_record_stream.store(on); });
   m.def("test_malloc", [](size_t size, int device, uint64_t stream) {
     return reinterpret_cast<uint64_t>(malloc_block(size, device, as_stream(stream)));
   });

@@ -215,6 +215,18 @@ void raw_deleter_fn(void* ptr) {
 
 bool is_ours(const c10::DataPtr& ptr) { return ptr.get() != nullptr && ptr.get_deleter() == &raw_deleter_fn; }
 
+// How often torch reached the graph-mode methods (tests read it: the graph-tree and
+// torchair paths must have gone through them).
+enum Counted { kGetCheckpoint, kSetCheckpoint, kCheckLive, kSnapshot, kBeginPool, kEndPool, kReleasePool,
+               kCaptureBegin, kCaptureEnd, kRecordHistory, kCounted };
+constexpr const char* kCountedNames[kCounted] = {
+    "getCheckpointState", "setCheckpointPoolState", "checkPoolLiveAllocations", "snapshot",
+    "beginAllocateToPool", "endAllocateToPool", "releasePool", "markCaptureBegin", "markCaptureEnd",
+    "recordHistory"};
+std::atomic<uint64_t> g_calls[kCounted];
+
+void count(Counted c) { g_calls[c].fetch_add(1, std::memory_order_relaxed); }
+
 class NpuallocAllocator final : public NPU::NPUAllocator {
  public:
   using NPU::NPUAllocator::emptyCache;
@@ -241,8 +253,10 @@ class NpuallocAllocator final : public NPU::NPUAllocator {
       npualloc_empty_cache(true);
       return;
     }
+    // One pool's cached memory: reached from MemPool's destructor, so a failure warns.
     int n = npualloc_device_count();
-    for (int d = 0; d < n; ++d) check(npualloc_empty_cache_pool(d, pool.first, pool.second), "emptyCache");
+    for (int d = 0; d < n; ++d)
+      npualloc_shim::warn_if_failed(npualloc_empty_cache_pool(d, pool.first, pool.second), "emptyCache");
   }
 
   NPU::DeviceStats getDeviceStats(c10::DeviceIndex device) override { return npualloc_shim::device_stats(device); }
@@ -378,6 +392,7 @@ class NpuallocAllocator final : public NPU::NPUAllocator {
   }
 
   NPU::SnapshotInfo snapshot(c10::MempoolId_t pool) override {
+    count(kSnapshot);
     Engine& e = engine();
     NPU::SnapshotInfo out;
     std::vector<size_t> active = npualloc_shim::fill_segments(out.segments, pool, e.history);
@@ -390,13 +405,18 @@ class NpuallocAllocator final : public NPU::NPUAllocator {
 
   void beginAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t pool,
                            std::function<bool(aclrtStream)> filter) override {
+    count(kBeginPool);
     engine().router.begin(device, pool, std::move(filter));
   }
 
-  void endAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t pool) override { engine().router.end(device, pool); }
+  void endAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t pool) override {
+    count(kEndPool);
+    engine().router.end(device, pool);
+  }
 
   // Reached from NPUGraph's destructor: warns rather than throws.
   void releasePool(c10::DeviceIndex device, c10::MempoolId_t pool) override {
+    count(kReleasePool);
     npualloc_shim::warn_if_failed(npualloc_release_pool(device, pool.first, pool.second), "releasePool");
   }
 
@@ -404,9 +424,12 @@ class NpuallocAllocator final : public NPU::NPUAllocator {
     return npualloc_shim::pool_use_count(device, pool);
   }
 
-  void setUseOnOOM(c10::DeviceIndex, c10::MempoolId_t, bool) override {
-    unsupported("setUseOnOOM (MemPool(use_on_oom=True))",
-                "npualloc never serves an allocation outside a pool from the pool's memory");
+  // npualloc never serves an allocation outside a pool from the pool's memory: false
+  // (what MemPool's destructor sets) is its behaviour; true is refused.
+  void setUseOnOOM(c10::DeviceIndex, c10::MempoolId_t, bool use_on_oom) override {
+    if (use_on_oom)
+      unsupported("setUseOnOOM (MemPool(use_on_oom=True))",
+                  "npualloc never serves an allocation outside a pool from the pool's memory");
   }
 
   void setNoSplit(c10::DeviceIndex, c10::MempoolId_t) override {
@@ -419,9 +442,15 @@ class NpuallocAllocator final : public NPU::NPUAllocator {
     return n > 0;
   }
 
-  void markCaptureBegin(c10::DeviceIndex device) override { check(npualloc_capture_begin(device), "markCaptureBegin"); }
+  void markCaptureBegin(c10::DeviceIndex device) override {
+    count(kCaptureBegin);
+    check(npualloc_capture_begin(device), "markCaptureBegin");
+  }
 
-  void markCaptureEnd(c10::DeviceIndex device) override { check(npualloc_capture_end(device), "markCaptureEnd"); }
+  void markCaptureEnd(c10::DeviceIndex device) override {
+    count(kCaptureEnd);
+    check(npualloc_capture_end(device), "markCaptureEnd");
+  }
 
   void FreeDeviceCachedMemory(int device) override {
     check(npualloc_empty_cache_device(device), "FreeDeviceCachedMemory");
@@ -431,6 +460,7 @@ class NpuallocAllocator final : public NPU::NPUAllocator {
 
   bool checkPoolLiveAllocations(c10::DeviceIndex device, c10::MempoolId_t pool,
                                 const std::unordered_set<void*>& expected) override {
+    count(kCheckLive);
     return npualloc_shim::check_live(device, pool, expected);
   }
 
@@ -446,6 +476,7 @@ class NpuallocAllocator final : public NPU::NPUAllocator {
 
   void recordHistory(bool enabled, NPU::CreateContextFn recorder, size_t max_entries,
                      NPU::RecordContext when) override {
+    count(kRecordHistory);
     engine().history.record_history(enabled, recorder, max_entries, when, true, {});
   }
 
@@ -473,11 +504,13 @@ class NpuallocAllocator final : public NPU::NPUAllocator {
   }
 
   std::shared_ptr<NPU::AllocatorState> getCheckpointState(c10::DeviceIndex device, c10::MempoolId_t id) override {
+    count(kGetCheckpoint);
     return npualloc_shim::checkpoint<NPU::AllocatorState>(device, id);
   }
 
   NPU::CheckpointDelta setCheckpointPoolState(c10::DeviceIndex device,
                                               std::shared_ptr<NPU::AllocatorState> state) override {
+    count(kSetCheckpoint);
     return npualloc_shim::restore<NPU::AllocatorState, NPU::CheckpointDelta>(device, state, &raw_deleter_fn, kDevice);
   }
 
@@ -616,6 +649,32 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     h.event_synchronize = &event_synchronize;
     h.device_synchronize = &device_synchronize;
     return npualloc_set_runtime_hooks(&h);
+  });
+  m.def("method_calls", [] {
+    py::dict d;
+    for (int i = 0; i < kCounted; ++i) d[kCountedNames[i]] = g_calls[i].load();
+    return d;
+  });
+  // For tests: HCCL's multi-stream memory reuse (ProcessGroupHCCL, erase-record-stream
+  // mode with its optimisation) as torch_npu calls it, through the current allocator:
+  // the tensor is recorded on the HCCL stream and the block remembered for `work`
+  // (returns the block handle); then, after the tensor died, the HCCL stream's use is
+  // erased for `work`.
+  m.def("test_hccl_record", [](const at::Tensor& t, int64_t stream_id, int64_t device_index, int64_t device_type,
+                               uint64_t work) {
+    c10_npu::NPUStream stream(c10::Stream::unpack3(stream_id, static_cast<c10::DeviceIndex>(device_index),
+                                                   static_cast<c10::DeviceType>(device_type)));
+    const c10::DataPtr& dp = t.storage().data_ptr();
+    NPU::recordStream(dp, stream);
+    void* block = NPU::getBlockPtr(dp);
+    NPU::recordHcclWorkForBlock(block, reinterpret_cast<void*>(work));
+    return reinterpret_cast<uint64_t>(block);
+  });
+  m.def("test_hccl_erase", [](uint64_t block, int64_t stream_id, int64_t device_index, int64_t device_type,
+                              uint64_t work) {
+    c10_npu::NPUStream stream(c10::Stream::unpack3(stream_id, static_cast<c10::DeviceIndex>(device_index),
+                                                   static_cast<c10::DeviceType>(device_type)));
+    NPU::eraseStreamWithBlockPtr(reinterpret_cast<void*>(block), stream, reinterpret_cast<void*>(work));
   });
   // For tests: torch_npu's raw_deleter of the current allocator is npualloc's.
   m.def("deleter_is_npualloc", [] { return NPU::get()->raw_deleter() == &raw_deleter_fn; });
