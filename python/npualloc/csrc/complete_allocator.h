@@ -167,8 +167,10 @@ class PoolRouter {
   // Whether any allocation scope is open (read on every allocation, without the lock).
   bool any_open() const { return open_.load(std::memory_order_acquire) > 0; }
 
-  void begin(int device, c10::MempoolId_t pool, Filter filter) {
-    check(npualloc_pool_incref(device, pool.first, pool.second), "beginAllocateToPool");
+  // `current` is the device's current stream (the capture stream, before the capture
+  // begins): npualloc settles its lending fences there.
+  void begin(int device, c10::MempoolId_t pool, Filter filter, npualloc_stream current) {
+    check(npualloc_pool_begin(device, pool.first, pool.second, current), "beginAllocateToPool");
     std::lock_guard<std::mutex> lock(mu_);
     scopes_.push_back(Scope{device, pool, std::move(filter)});
     open_.fetch_add(1, std::memory_order_release);
@@ -227,22 +229,40 @@ class PoolRouter {
 inline void* malloc_routed(size_t size, int device, npualloc_stream stream,
                            std::optional<c10::MempoolId_t> pool) {
   if (size == 0) return nullptr;
-  void* p = nullptr;
-  int rc = NPUALLOC_OK;
-  if (pool) {
-    rc = npualloc_malloc_in_pool(size, device, stream, pool->first, pool->second, &p);
-  } else {
-    p = npualloc_malloc(size, device, stream);
-    if (p == nullptr) rc = NPUALLOC_ERR_RUNTIME;
-  }
-  if (rc == NPUALLOC_OK && p != nullptr) return p;
+  void* p = pool ? npualloc_malloc_in_pool(size, device, stream, pool->first, pool->second)
+                 : npualloc_malloc(size, device, stream);
+  if (p != nullptr) return p;
   std::string msg = last_error();
-  bool oom = rc == NPUALLOC_ERR_OUT_OF_MEMORY || msg.find("out of memory") != std::string::npos;
-  TORCH_CHECK_WITH(OutOfMemoryError, !oom, "npualloc: " + msg);
+  TORCH_CHECK_WITH(OutOfMemoryError, msg.find("out of memory") == std::string::npos, "npualloc: " + msg);
   // One string argument: formatting a size_t through c10::str crashed in a shim built
   // with a GPU machine's g++ against torch 2.11 (seen in cuda-gdb), strings did not.
   TORCH_CHECK(false, "npualloc could not allocate " + std::to_string(size) + " bytes: " + msg);
 }
+
+// Frees `ptr` (npualloc_free; the allocation's device and stream are npualloc's to find).
+// Returns NPUALLOC_OK: npualloc_free reports no failure to its caller.
+inline int free_reporting(void* ptr) {
+  npualloc_free(ptr, 0, -1, nullptr);
+  return NPUALLOC_OK;
+}
+
+// The memory fraction set per device (getMemoryFraction), 1.0 until set.
+class Fractions {
+ public:
+  double get(int device) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = values_.find(device);
+    return it == values_.end() ? 1.0 : it->second;
+  }
+  void set(int device, double fraction) {
+    std::lock_guard<std::mutex> lock(mu_);
+    values_[device] = fraction;
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<int, double> values_;
+};
 
 // ---- history -----------------------------------------------------------------------
 
@@ -360,19 +380,18 @@ class History {
   void record_snapshot(int device, size_t total_active, c10::MempoolId_t pool) {
     if (!enabled()) return;
     npualloc_trace_entry e{};
-    e.action = TraceEntry::SNAPSHOT;
     e.device = device;
     e.size = total_active;
     e.pool_hi = pool.first;
     e.pool_lo = pool.second;
-    add(e);
+    add(TraceEntry::SNAPSHOT, e);
   }
 
   // npualloc's trace callback: noexcept, no exception may unwind into npualloc (Rust).
   static void on_trace(void* self, const npualloc_trace_entry* e) noexcept {
     if (self == nullptr || e == nullptr) return;
     try {
-      static_cast<History*>(self)->add(*e);
+      static_cast<History*>(self)->add(action_of(e->action), *e);
     } catch (...) {
       // Dropping one trace entry is better than unwinding through npualloc.
     }
@@ -417,8 +436,21 @@ class History {
           "recordHistory");
   }
 
-  void add(const npualloc_trace_entry& e) {
-    auto action = static_cast<typename TraceEntry::Action>(e.action);
+  // npualloc's NPUALLOC_TRACE_* as torch's TraceEntry::Action.
+  static typename TraceEntry::Action action_of(int a) {
+    switch (a) {
+      case NPUALLOC_TRACE_ALLOC: return TraceEntry::ALLOC;
+      case NPUALLOC_TRACE_FREE_REQUESTED: return TraceEntry::FREE_REQUESTED;
+      case NPUALLOC_TRACE_FREE_COMPLETED: return TraceEntry::FREE_COMPLETED;
+      case NPUALLOC_TRACE_SEGMENT_ALLOC: return TraceEntry::SEGMENT_ALLOC;
+      case NPUALLOC_TRACE_SEGMENT_FREE: return TraceEntry::SEGMENT_FREE;
+      case NPUALLOC_TRACE_SEGMENT_MAP: return TraceEntry::SEGMENT_MAP;
+      case NPUALLOC_TRACE_SEGMENT_UNMAP: return TraceEntry::SEGMENT_UNMAP;
+      default: return TraceEntry::OOM;
+    }
+  }
+
+  void add(typename TraceEntry::Action action, const npualloc_trace_entry& e) {
     auto& pending = pending_context();
     std::lock_guard<std::mutex> lock(mu_);
     const bool keep_state = static_cast<int>(when_.load()) >= static_cast<int>(RecordContext::STATE);
@@ -426,11 +458,11 @@ class History {
     switch (action) {
       case TraceEntry::ALLOC:
         ctx = pending.is_free ? nullptr : pending.ctx;
-        if (keep_state && ctx) block_ctx_[e.addr] = ctx;
+        if (keep_state && ctx) block_ctx_[e.address] = ctx;
         break;
       case TraceEntry::FREE_REQUESTED:
       case TraceEntry::FREE_COMPLETED: {
-        auto it = block_ctx_.find(e.addr);
+        auto it = block_ctx_.find(e.address);
         ctx = pending.is_free && pending.ctx ? pending.ctx : (it == block_ctx_.end() ? nullptr : it->second);
         if (action == TraceEntry::FREE_COMPLETED && it != block_ctx_.end()) block_ctx_.erase(it);
         break;
@@ -438,10 +470,10 @@ class History {
       case TraceEntry::SEGMENT_ALLOC:
       case TraceEntry::SEGMENT_MAP:
         ctx = pending.ctx;
-        if (keep_state && ctx && action == TraceEntry::SEGMENT_ALLOC) segment_ctx_[e.addr] = ctx;
+        if (keep_state && ctx && action == TraceEntry::SEGMENT_ALLOC) segment_ctx_[e.address] = ctx;
         break;
       case TraceEntry::SEGMENT_FREE:
-        segment_ctx_.erase(e.addr);
+        segment_ctx_.erase(e.address);
         break;
       case TraceEntry::OOM:
         ctx = pending.ctx;
@@ -450,11 +482,11 @@ class History {
         break;
     }
     if (static_cast<int>(when_.load()) < static_cast<int>(RecordContext::ALLOC)) ctx = nullptr;
-    TraceEntry te = Traits::make_entry(action, e.device, e.addr, e.size, e.stream,
+    TraceEntry te = Traits::make_entry(action, e.device, e.address, e.size, e.stream,
                                        c10::MempoolId_t{e.pool_hi, e.pool_lo}, std::move(ctx));
     for (auto& t : trackers_) t(te);
     if (!enabled_.load()) return;
-    if (std::find(skip_.begin(), skip_.end(), e.action) != skip_.end()) return;
+    if (std::find(skip_.begin(), skip_.end(), static_cast<int>(action)) != skip_.end()) return;
     if (e.device < 0) return;
     if (rings_.size() <= static_cast<size_t>(e.device)) rings_.resize(e.device + 1);
     rings_[e.device].push(std::move(te), max_entries_);
@@ -585,10 +617,10 @@ CheckpointDelta restore(int device, const std::shared_ptr<AllocatorState>& as, c
 
 inline bool check_live(int device, c10::MempoolId_t pool, const std::unordered_set<void*>& expected) {
   std::vector<void*> ptrs(expected.begin(), expected.end());
-  int equal = 0;
+  bool equal = false;
   check(npualloc_pool_check_live(device, pool.first, pool.second, ptrs.data(), ptrs.size(), &equal),
         "checkPoolLiveAllocations");
-  return equal != 0;
+  return equal;
 }
 
 inline int pool_use_count(int device, c10::MempoolId_t pool) {
@@ -604,48 +636,47 @@ struct SnapshotHandle {
   ~SnapshotHandle() { npualloc_snapshot_destroy(s); }
 };
 
-// Fills `segments` (SegmentInfo's vector) with npualloc's segments of `pool` ((0, 0):
-// all), sorted by address, the frames from `history`; returns the bytes active per
-// device (for the SNAPSHOT trace entries).
+// Appends to `segments` (a vector of torch's SegmentInfo) npualloc's segments of `pool`
+// ((0, 0): all) on every device, in address order, with the frames from `history`;
+// returns the bytes active per device (for the SNAPSHOT trace entries).
 template <typename SegmentInfo, typename HistoryT>
 std::vector<size_t> fill_segments(std::vector<SegmentInfo>& segments, c10::MempoolId_t pool, HistoryT& history) {
-  SnapshotHandle h;
-  check(npualloc_snapshot_take(pool.first, pool.second, &h.s), "snapshot");
-  size_t n_segs = 0, n_blocks = 0;
-  const npualloc_segment_info* segs = npualloc_snapshot_segments(h.s, &n_segs);
-  const npualloc_block_info_t* blocks = npualloc_snapshot_blocks(h.s, &n_blocks);
-  std::vector<size_t> active;
-  for (size_t i = 0; i < n_segs; ++i) {
-    const auto& s = segs[i];
-    SegmentInfo out;
-    out.device = static_cast<decltype(out.device)>(s.device);
-    out.address = static_cast<decltype(out.address)>(s.address);
-    out.stream = static_cast<decltype(out.stream)>(s.stream);
-    out.total_size = static_cast<decltype(out.total_size)>(s.total_size);
-    out.requested_size = static_cast<decltype(out.requested_size)>(s.requested_size);
-    out.allocated_size = static_cast<decltype(out.allocated_size)>(s.allocated_size);
-    out.active_size = static_cast<decltype(out.active_size)>(s.active_size);
-    out.is_large = s.is_large;
-    out.is_expandable = s.is_expandable;
-    out.owner_private_pool_id = c10::MempoolId_t{s.pool_hi, s.pool_lo};
-    out.context_when_allocated = history.segment_context(s.address);
-    uint64_t addr = s.address;
-    for (size_t b = s.first_block; b < s.first_block + s.n_blocks && b < n_blocks; ++b) {
-      const auto& bi = blocks[b];
-      out.blocks.emplace_back();
-      auto& ob = out.blocks.back();
-      ob.size = static_cast<decltype(ob.size)>(bi.size);
-      ob.requested_size = static_cast<decltype(ob.requested_size)>(bi.requested_size);
-      ob.allocated = bi.allocated;
-      ob.active = bi.active;
-      if (bi.allocated) ob.context_when_allocated = history.block_context(addr);
-      addr += bi.size;
+  int devices = std::max(npualloc_device_count(), 0);
+  std::vector<size_t> active(devices, 0);
+  for (int device = 0; device < devices; ++device) {
+    SnapshotHandle h;
+    check(npualloc_snapshot_take(device, pool.first, pool.second, &h.s), "snapshot");
+    const npualloc_segment_info* segs = nullptr;
+    const npualloc_block_info* blocks = nullptr;
+    size_t n_segs = 0, n_blocks = 0;
+    check(npualloc_snapshot_read(h.s, &segs, &n_segs, &blocks, &n_blocks), "snapshot");
+    for (size_t i = 0; i < n_segs; ++i) {
+      const auto& s = segs[i];
+      SegmentInfo out;
+      out.device = static_cast<decltype(out.device)>(s.device);
+      out.address = static_cast<decltype(out.address)>(reinterpret_cast<uintptr_t>(s.address));
+      out.stream = static_cast<decltype(out.stream)>(s.stream);
+      out.total_size = static_cast<decltype(out.total_size)>(s.total_size);
+      out.requested_size = static_cast<decltype(out.requested_size)>(s.requested_size);
+      out.allocated_size = static_cast<decltype(out.allocated_size)>(s.allocated_size);
+      out.active_size = static_cast<decltype(out.active_size)>(s.active_size);
+      out.is_large = s.is_large;
+      out.is_expandable = s.is_expandable;
+      out.owner_private_pool_id = c10::MempoolId_t{s.pool_hi, s.pool_lo};
+      out.context_when_allocated = history.segment_context(reinterpret_cast<uintptr_t>(s.address));
+      for (size_t b = s.first_block; b < s.first_block + s.block_count && b < n_blocks; ++b) {
+        const auto& bi = blocks[b];
+        out.blocks.emplace_back();
+        auto& ob = out.blocks.back();
+        ob.size = static_cast<decltype(ob.size)>(bi.size);
+        ob.requested_size = static_cast<decltype(ob.requested_size)>(bi.requested_size);
+        ob.allocated = bi.state == NPUALLOC_BLOCK_ACTIVE_ALLOCATED;
+        ob.active = bi.state != NPUALLOC_BLOCK_INACTIVE;
+        if (ob.allocated) ob.context_when_allocated = history.block_context(reinterpret_cast<uintptr_t>(bi.address));
+      }
+      active[device] += s.active_size;
+      segments.push_back(std::move(out));
     }
-    if (s.device >= 0) {
-      if (active.size() <= static_cast<size_t>(s.device)) active.resize(s.device + 1, 0);
-      active[s.device] += s.active_size;
-    }
-    segments.push_back(std::move(out));
   }
   std::sort(segments.begin(), segments.end(),
             [](const SegmentInfo& a, const SegmentInfo& b) { return a.address < b.address; });

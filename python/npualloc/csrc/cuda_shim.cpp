@@ -80,6 +80,7 @@ struct Engine {
   npualloc_shim::PoolRouter<cudaStream_t> router;
   npualloc_shim::History<CudaTraits> history;
   npualloc_shim::OomObservers<CCA::OutOfMemoryObserver> oom;
+  npualloc_shim::Fractions fractions;
   c10::ApproximateClockToUnixTimeConverter clock;
   std::mutex annotations_mu;
   std::vector<c10::CachingDeviceAllocator::AnnotationEntry> annotations;
@@ -123,7 +124,7 @@ void* malloc_block(size_t size, int device, cudaStream_t stream) {
 void free_block(void* ptr, bool raise) {
   if (ptr == nullptr) return;
   npualloc_shim::ContextScope scope(engine().history.gather(CCA::RecordContext::ALL), true);
-  int rc = npualloc_free_checked(ptr, -1, nullptr);
+  int rc = npualloc_shim::free_reporting(ptr);
   if (raise) {
     check(rc, "raw_delete");
   } else {
@@ -174,8 +175,10 @@ class NpuallocCudaAllocator final : public CCA::CUDAAllocator {
     }
     // One pool's cached memory: reached from MemPool's destructor, so a failure warns.
     int n = npualloc_device_count();
-    for (int d = 0; d < n; ++d)
-      npualloc_shim::warn_if_failed(npualloc_empty_cache_pool(d, pool.first, pool.second), "emptyCache");
+    for (int d = 0; d < n; ++d) {
+      int rc = npualloc_empty_cache_pool(d, pool.first, pool.second);
+      if (rc != NPUALLOC_ERR_UNKNOWN_POOL) npualloc_shim::warn_if_failed(rc, "emptyCache");  // not on d: nothing
+    }
   }
 
   c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
@@ -210,9 +213,8 @@ class NpuallocCudaAllocator final : public CCA::CUDAAllocator {
   }
 
   double getMemoryFraction(c10::DeviceIndex device) override {
-    double f = 1.0;
-    check(npualloc_get_memory_fraction(device, &f), "getMemoryFraction");
-    return f;
+    check_device(device, "getMemoryFraction");
+    return engine().fractions.get(device);
   }
 
   void setMemoryFraction(double fraction, c10::DeviceIndex device) override {
@@ -220,6 +222,7 @@ class NpuallocCudaAllocator final : public CCA::CUDAAllocator {
     TORCH_CHECK(fraction >= 0.0 && fraction <= 1.0,
                 "npualloc: setMemoryFraction: invalid fraction " + std::to_string(fraction) + ", not within [0, 1]");
     npualloc_set_memory_fraction(fraction, device);
+    engine().fractions.set(device, fraction);
   }
 
   // The mapped size of each expandable segment of the device, with its stream.
@@ -280,7 +283,7 @@ class NpuallocCudaAllocator final : public CCA::CUDAAllocator {
 
   void beginAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t pool,
                            std::function<bool(cudaStream_t)> filter) override {
-    engine().router.begin(device, pool, std::move(filter));
+    engine().router.begin(device, pool, std::move(filter), current_stream(device));
   }
 
   void endAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t pool) override { engine().router.end(device, pool); }
@@ -458,9 +461,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return c10::Storage(std::move(impl));
   });
   m.def("test_begin_pool", [](int device, c10::MempoolId_t pool, uint64_t stream) {
+    // beginAllocateToPool with `stream` as the current stream (asking torch for it
+    // needs a GPU).
     cudaStream_t s = as_stream(stream);
-    the_allocator()->beginAllocateToPool(static_cast<c10::DeviceIndex>(device), pool,
-                                         [s](cudaStream_t t) { return t == s; });
+    engine().router.begin(device, pool, [s](cudaStream_t t) { return t == s; }, s);
   });
   m.def("test_deleter_is_raw_deleter", [](const c10::Storage& s) {
     return s.data_ptr().get_deleter() == the_allocator()->raw_deleter();

@@ -27,11 +27,10 @@
 // - Streams: torch_npu allocates on the current stream; a stream seen through
 //   recordStream or an allocation is remembered, so the event hook can drain its task
 //   queue (below).
-// - HCCL hooks: getBlockPtr's "block" is the allocation's address;
-//   recordHcclWorkForBlock remembers the HCCL work that last used it (until the address
-//   is allocated again), and eraseStreamWithBlockPtr erases the HCCL stream's use only
-//   if that work is still the block's and the block was allocated on the current stream,
-//   as torch_npu's allocator does.
+// - HCCL hooks: getBlockPtr's "block" is the allocation's address; npualloc keeps the
+//   HCCL work that last used it (recordHcclWorkForBlock) and erases the HCCL stream's
+//   use only if that work is still the block's and the block was allocated on the
+//   current stream (eraseStreamWithBlockPtr), as torch_npu's allocator does.
 // - runtime hooks (DESIGN section 2, the task-queue hazard): torch_npu launches kernels
 //   through a host task queue, so an event recorded straight with aclrtRecordEvent
 //   could land before kernels still waiting there. Before recording, the event hook
@@ -158,22 +157,13 @@ struct Engine {
   npualloc_shim::PoolRouter<aclrtStream> router;
   npualloc_shim::History<NpuTraits> history;
   npualloc_shim::OomObservers<NPU::OutOfMemoryObserver> oom;
-  std::mutex hccl_mu;
-  std::unordered_map<void*, void*> hccl_work;  // block address -> HCCL work that last used it
-  std::atomic<bool> any_hccl_work{false};
+  npualloc_shim::Fractions fractions;
   std::atomic<bool> initialized{false};
 };
 
 Engine& engine() {
   static Engine* e = new Engine();
   return *e;
-}
-
-void forget_hccl_work(void* ptr) {
-  Engine& e = engine();
-  if (!e.any_hccl_work.load(std::memory_order_relaxed)) return;
-  std::lock_guard<std::mutex> lock(e.hccl_mu);
-  e.hccl_work.erase(ptr);
 }
 
 // Allocates on `device` for `stream`, routed to a graph pool if an open
@@ -185,9 +175,7 @@ void* malloc_block(size_t size, int device, aclrtStream stream) {
   npualloc_shim::ContextScope scope(e.history.gather(NPU::RecordContext::STATE), false);
   std::optional<c10::MempoolId_t> pool;
   if (e.router.any_open()) pool = e.router.route(device, stream, drain_if_current);
-  void* p = npualloc_shim::malloc_routed(size, device, stream, pool);
-  forget_hccl_work(p);  // a new allocation at this address: no HCCL work uses it yet
-  return p;
+  return npualloc_shim::malloc_routed(size, device, stream, pool);
 }
 
 // Frees `ptr`; `raise`: a failure is torch's error, else a warning (the deleter).
@@ -195,7 +183,7 @@ void free_block(void* ptr, bool raise) {
   if (ptr == nullptr) return;
   Engine& e = engine();
   npualloc_shim::ContextScope scope(e.history.gather(NPU::RecordContext::ALL), true);
-  int rc = npualloc_free_checked(ptr, -1, nullptr);
+  int rc = npualloc_shim::free_reporting(ptr);
   if (raise) {
     check(rc, "raw_delete");
   } else {
@@ -255,8 +243,10 @@ class NpuallocAllocator final : public NPU::NPUAllocator {
     }
     // One pool's cached memory: reached from MemPool's destructor, so a failure warns.
     int n = npualloc_device_count();
-    for (int d = 0; d < n; ++d)
-      npualloc_shim::warn_if_failed(npualloc_empty_cache_pool(d, pool.first, pool.second), "emptyCache");
+    for (int d = 0; d < n; ++d) {
+      int rc = npualloc_empty_cache_pool(d, pool.first, pool.second);
+      if (rc != NPUALLOC_ERR_UNKNOWN_POOL) npualloc_shim::warn_if_failed(rc, "emptyCache");  // not on d: nothing
+    }
   }
 
   NPU::DeviceStats getDeviceStats(c10::DeviceIndex device) override { return npualloc_shim::device_stats(device); }
@@ -300,10 +290,7 @@ class NpuallocAllocator final : public NPU::NPUAllocator {
     return malloc_block(nbytes, current_device(), stream);
   }
 
-  void raw_delete(void* ptr) override {
-    forget_hccl_work(ptr);
-    free_block(ptr, true);
-  }
+  void raw_delete(void* ptr) override { free_block(ptr, true); }
 
   void init(int device_count) override {
     npualloc_init(device_count);
@@ -312,9 +299,8 @@ class NpuallocAllocator final : public NPU::NPUAllocator {
   }
 
   double getMemoryFraction(int device) override {
-    double f = 1.0;
-    check(npualloc_get_memory_fraction(device, &f), "getMemoryFraction");
-    return f;
+    check_device(device, "getMemoryFraction");
+    return engine().fractions.get(device);
   }
 
   void setMemoryFraction(double fraction, int device) override {
@@ -322,6 +308,7 @@ class NpuallocAllocator final : public NPU::NPUAllocator {
     TORCH_CHECK(fraction >= 0.0 && fraction <= 1.0,
                 "npualloc: setMemoryFraction: invalid fraction " + std::to_string(fraction) + ", not within [0, 1]");
     npualloc_set_memory_fraction(fraction, device);
+    engine().fractions.set(device, fraction);
   }
 
   void emptyCacheImpl(bool check_error, bool free_physical) override {
@@ -364,20 +351,17 @@ class NpuallocAllocator final : public NPU::NPUAllocator {
       TORCH_WARN_ONCE("npualloc: eraseStream: the tensor's memory is not npualloc's; nothing erased");
       return;
     }
-    erase_if_allocated_on_current_stream(ptr.get_context(), stream);
+    npualloc_erase_stream(ptr.get_context(), stream.stream(false));
   }
 
   void eraseStreamWithBlockPtr(void* block_ptr, c10_npu::NPUStream stream, void* work_ptr) override {
     TORCH_CHECK(block_ptr != nullptr, "npualloc: eraseStreamWithBlockPtr: invalid block pointer");
     TORCH_CHECK(work_ptr != nullptr, "npualloc: eraseStreamWithBlockPtr: invalid HCCL work pointer");
-    {
-      Engine& e = engine();
-      std::lock_guard<std::mutex> lock(e.hccl_mu);
-      auto it = e.hccl_work.find(block_ptr);
-      // Another HCCL work used the block since (or it was allocated again): its use stays.
-      if (it == e.hccl_work.end() || it->second != work_ptr) return;
-    }
-    erase_if_allocated_on_current_stream(block_ptr, stream);
+    // npualloc erases the HCCL stream's use only if `work` is still the block's last and
+    // the block was allocated on the current stream; otherwise nothing (torch_npu's rule).
+    check(npualloc_erase_stream_for_work(block_ptr, stream.stream(false), work_ptr,
+                                         current_stream(stream.device_index())),
+          "eraseStreamWithBlockPtr");
   }
 
   void* getBlockPtr(const c10::DataPtr& ptr) override { return is_ours(ptr) ? ptr.get_context() : nullptr; }
@@ -385,10 +369,7 @@ class NpuallocAllocator final : public NPU::NPUAllocator {
   void recordHcclWorkForBlock(void* block_ptr, void* work_ptr) override {
     // getBlockPtr gives no block for memory that is not npualloc's: nothing to remember.
     if (block_ptr == nullptr) return;
-    Engine& e = engine();
-    std::lock_guard<std::mutex> lock(e.hccl_mu);
-    e.hccl_work[block_ptr] = work_ptr;
-    e.any_hccl_work.store(true, std::memory_order_relaxed);
+    check(npualloc_record_hccl_work(block_ptr, work_ptr), "recordHcclWorkForBlock");
   }
 
   NPU::SnapshotInfo snapshot(c10::MempoolId_t pool) override {
@@ -406,7 +387,7 @@ class NpuallocAllocator final : public NPU::NPUAllocator {
   void beginAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t pool,
                            std::function<bool(aclrtStream)> filter) override {
     count(kBeginPool);
-    engine().router.begin(device, pool, std::move(filter));
+    engine().router.begin(device, pool, std::move(filter), current_stream(device));
   }
 
   void endAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t pool) override {
@@ -437,9 +418,9 @@ class NpuallocAllocator final : public NPU::NPUAllocator {
   }
 
   bool hasCapturesUnderway(c10::DeviceIndex device) override {
-    int n = 0;
-    check(npualloc_captures_underway(device, &n), "hasCapturesUnderway");
-    return n > 0;
+    bool underway = false;
+    check(npualloc_captures_underway(device, &underway), "hasCapturesUnderway");
+    return underway;
   }
 
   void markCaptureBegin(c10::DeviceIndex device) override {
@@ -530,18 +511,6 @@ class NpuallocAllocator final : public NPU::NPUAllocator {
   static constexpr const char* kNoUce =
       "npualloc does not track uncorrectable memory errors (UCE); torch_npu's UCE recovery needs "
       "torch_npu's own allocator";
-
-  // torch_npu's rule: HCCL's stream use of a block is erased only when the block was
-  // allocated on the current stream (the one HCCL's wait was queued on); otherwise a
-  // new tensor there could reuse the block before the collective completed.
-  void erase_if_allocated_on_current_stream(void* block, c10_npu::NPUStream stream) {
-    int device = -1;
-    npualloc_stream alloc_stream = nullptr;
-    size_t size = 0;
-    check(npualloc_block_info(block, &device, &alloc_stream, &size), "eraseStream");
-    if (alloc_stream != current_stream(device)) return;
-    npualloc_erase_stream(block, stream.stream(false));
-  }
 
   std::mutex rejection_mu_;
   std::vector<NPU::OomRejectionObserver> rejection_observers_;
