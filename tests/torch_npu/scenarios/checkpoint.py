@@ -96,8 +96,15 @@ C._npu_setCheckpointPoolState(dev, state, [a.untyped_storage()._cdata, z.untyped
 check(C._has_Standard_Deleter(new_b._cdata), "the restored block's DataPtr does not carry npualloc's raw_deleter")
 check(not C._has_Standard_Deleter(z.untyped_storage()._cdata), "the stale storage kept its deleter")
 check(live(pool, a_ptr, b_ptr), "after the restore the pool's allocated set is the checkpoint's {a, b}")
-check(pool_blocks(pool) == before, "the pool's blocks differ from the checkpoint's:\n%r\n%r"
-      % (pool_blocks(pool), before))
+# The checkpointed segments hold exactly the checkpointed blocks again; the segment the
+# warm-up allocation took (on another stream, after the checkpoint) stays in the pool,
+# wholly free, as PyTorch leaves it.
+after = pool_blocks(pool)
+starts = {addr for addr, _, _ in before}
+check([blk for blk in after if blk[0] in starts] == before, "the pool's blocks differ from the checkpoint's:\n%r\n%r"
+      % (after, before))
+check(all(state == "inactive" for addr, _, state in after if addr not in starts),
+      "a block outside the checkpointed segments is still in use: %r" % after)
 
 # Bad input: one clear error each, nothing lost.
 raises_npualloc(lambda: C._npu_getCheckpointState(dev, (12345, 678)), "checkpoint of an unknown pool")

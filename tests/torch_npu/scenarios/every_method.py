@@ -82,6 +82,11 @@ def raw_alloc():
     check(p != q and p and q, "raw_alloc")
     torch.npu.caching_allocator_delete(p)
     torch.npu.caching_allocator_delete(q)
+
+
+def double_free():
+    q = torch.npu.caching_allocator_alloc(MIB)
+    torch.npu.caching_allocator_delete(q)
     try:
         torch.npu.caching_allocator_delete(q)  # a double free: npualloc's error
     except RuntimeError as e:
@@ -185,6 +190,7 @@ refused("checkBlockIsSafe", lambda: torch_npu.npu._recovery.check_npu_tensor_is_
 refused("markAllBlockUnsafe", lambda: torch_npu.npu._recovery.mark_all_npu_tensor_unsafe(dev))
 refused("updateBlockToSafe", lambda: torch_npu.npu._recovery.update_npu_tensor_to_safe(t))
 
+works("raw_delete of a pointer already freed", double_free)
 for method, how in results.items():
     print("%-8s %s" % (how, method))
 check(ctx.lib.npualloc_check_invariants(0) == 0, npualloc.last_error())
