@@ -60,12 +60,13 @@ def shared_pool():
             joined.record(side)
         tmp.record_stream(side)
         torch.npu.current_stream().wait_event(joined)
-        out1 = static_in + 1
+        out1 = torch.empty(MIB, dtype=torch.uint8, device="npu")  # the graph's output
+        out1.copy_(static_in)
         tmp_ptr = tmp.data_ptr()
         del tmp  # freed inside the capture, used on the side stream
     seg = segment_of(tmp_ptr)
     check(seg is not None and tuple(seg["segment_pool_id"]) == tuple(pool),
-          "the side stream's 30 MiB intermediate is not in the graph's pool: %r" % (seg and seg["segment_pool_id"]))
+          "the side stream's 30 MiB intermediate is not in the graph's pool: %r" % (seg and seg["segment_pool_id"],))
     out["after_g1"] = pool_segments(pool)
     g1.replay()
     torch.npu.synchronize()
