@@ -6,6 +6,8 @@ mod basic;
 mod blame;
 mod capacity;
 mod cli;
+#[cfg(feature = "cli")]
+mod cli_pipe;
 mod common;
 mod cross_stream;
 mod exact_stats;

@@ -17,8 +17,11 @@ use npualloc::stats::format_size;
 use npualloc::trace::frames::Stacks;
 use npualloc::trace::{self, Trace};
 
+mod out;
 mod settings;
 mod tune;
+
+use out::{note, Stop};
 
 #[derive(Parser)]
 #[command(
@@ -94,7 +97,7 @@ enum Command {
         /// comm16, comm64, comm256), branch (a side branch), rr4 (4 streams).
         #[arg(long)]
         case: String,
-        /// Output trace file.
+        /// Output trace file (`-`: stdout).
         #[arg(short, long)]
         output: PathBuf,
     },
@@ -121,7 +124,7 @@ enum Command {
     Convert {
         /// The snapshot (`torch.npu.memory._dump_snapshot()` output).
         snapshot: PathBuf,
-        /// Output trace file.
+        /// Output trace file (`-`: stdout).
         #[arg(short, long)]
         output: PathBuf,
         /// Device trace to convert (default: the first with events).
@@ -160,7 +163,7 @@ fn load(path: &Path, device: Option<usize>) -> Result<Loaded, String> {
     let loaded = if is_pickle(path) {
         let s = trace::pickle::read_snapshot(&bytes, &name, device).map_err(|e| e.to_string())?;
         for line in s.notes.lines() {
-            eprintln!("note: {name}: {line}");
+            note!("note: {name}: {line}");
         }
         Loaded {
             stacks: s.stacks(),
@@ -418,10 +421,13 @@ fn is_pickle(path: &Path) -> bool {
         .is_some_and(|e| e == "pickle" || e == "pkl")
 }
 
-/// Writes an output file and says so on stderr.
-fn write(path: &Path, content: impl AsRef<[u8]>, what: &str) -> Result<(), String> {
+/// Writes an output file and says so on stderr; `-` is stdout.
+fn write(path: &Path, content: impl AsRef<[u8]>, what: &str) -> Result<(), Stop> {
+    if path == Path::new("-") {
+        return out::print(content);
+    }
     std::fs::write(path, content).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-    eprintln!("wrote {what} to {}", path.display());
+    note!("wrote {what} to {}", path.display());
     Ok(())
 }
 
@@ -470,7 +476,7 @@ fn html_escape(s: &str) -> String {
 /// Says what the first OOM of a run was, and how many followed.
 fn report_ooms(r: &ReplayReport, label: &str, capacity: usize, segments: bool) {
     let Some(o) = &r.first_oom else { return };
-    eprintln!(
+    note!(
         "{} [{label}]: {} allocation(s) did not fit in a {} device. The first, event {} \
          (allocation {} of {} on stream {}, with {} live), failed:\n  {}",
         r.name,
@@ -484,15 +490,15 @@ fn report_ooms(r: &ReplayReport, label: &str, capacity: usize, segments: bool) {
         o.message
     );
     if r.ooms > 1 {
-        eprintln!(
+        note!(
             "  ({} more allocation(s) failed after it; the figures above are for a replay that skipped them)",
             r.ooms - 1
         );
     }
     if segments {
-        eprintln!("  segments then (size, stream, pool, allocated, pending free, free, largest free, blocks):");
+        note!("  segments then (size, stream, pool, allocated, pending free, free, largest free, blocks):");
         for s in &o.segments {
-            eprintln!(
+            note!(
                 "    {:>10} s{} {} {:>10} {:>10} {:>10} {:>10} {}",
                 format_size(s.size),
                 s.stream,
@@ -509,7 +515,7 @@ fn report_ooms(r: &ReplayReport, label: &str, capacity: usize, segments: bool) {
 
 /// Replays every trace under every setting; `Ok(false)` when some replay ran out of
 /// memory (reported on stderr).
-fn replay_cmd(args: ReplayArgs) -> Result<bool, String> {
+fn replay_cmd(args: ReplayArgs) -> Result<bool, Stop> {
     let capacity = parse_capacity(&args.capacity)?;
     let settings = settings::parse_all(&args.confs)?;
     let labels: Vec<String> = settings.iter().map(|s| s.label.clone()).collect();
@@ -566,14 +572,14 @@ fn replay_cmd(args: ReplayArgs) -> Result<bool, String> {
             t.reports.push(r);
         }
         if !args.json {
-            println!(
-                "{} ({} events)\n{}",
+            out::print(format!(
+                "{} ({} events)\n{}\n",
                 t.trace.name,
                 t.trace.ops.len(),
                 table(&t.reports, &labels, &t.mins)
-            );
+            ))?;
             for (b, label) in t.blames.iter().zip(&labels) {
-                println!("[{label}] {}", b.text());
+                out::print(format!("[{label}] {}\n", b.text()))?;
             }
         }
         runs.push(t);
@@ -581,7 +587,7 @@ fn replay_cmd(args: ReplayArgs) -> Result<bool, String> {
     if !args.json {
         let legend = settings::legend(&settings);
         if !legend.is_empty() {
-            println!("settings:\n{}", legend.join("\n"));
+            out::print(format!("settings:\n{}\n", legend.join("\n")))?;
         }
     }
     if args.json {
@@ -602,10 +608,7 @@ fn replay_cmd(args: ReplayArgs) -> Result<bool, String> {
                     })
             })
             .collect();
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&v).expect("serialisable")
-        );
+        out::print(serde_json::to_string_pretty(&v).expect("serialisable") + "\n")?;
     }
     if let Some(p) = &args.html {
         write(p, html_page(&runs, &labels), "the page")?;
@@ -625,18 +628,7 @@ fn main() -> ExitCode {
             trace,
             case,
             output,
-        } => load(&trace, None).and_then(|t| {
-            let d = trace::derive::derive(&t.trace, &case).ok_or_else(|| {
-                format!(
-                    "unknown case '{case}': expected one of {} or comm<N>",
-                    trace::derive::CASES.join(", ")
-                )
-            })?;
-            let mut out = Vec::new();
-            d.write_to(&mut out).map_err(|e| e.to_string())?;
-            write(&output, out, &format!("{} events", d.ops.len()))?;
-            Ok(())
-        }),
+        } => derive_cmd(&trace, &case, &output),
         Command::Tune {
             traces,
             capacity,
@@ -655,24 +647,40 @@ fn main() -> ExitCode {
             snapshot,
             output,
             device,
-        } => load(&snapshot, device).and_then(|t| {
-            let mut out = Vec::new();
-            trace::frames::write_with_stacks(&t.trace, &t.stacks, &mut out)
-                .map_err(|e| e.to_string())?;
-            let what = format!(
-                "{} events ({} allocations with frames)",
-                t.trace.ops.len(),
-                t.stacks.len()
-            );
-            write(&output, out, &what)?;
-            Ok(())
-        }),
+        } => convert_cmd(&snapshot, &output, device),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e}");
+        Ok(()) | Err(Stop::Closed) => ExitCode::SUCCESS,
+        Err(Stop::Error(e)) => {
+            note!("error: {e}");
             ExitCode::from(2)
         }
     }
+}
+
+/// `npualloc derive`: a multi-stream case written to `output`.
+fn derive_cmd(trace: &Path, case: &str, output: &Path) -> Result<(), Stop> {
+    let t = load(trace, None)?;
+    let d = trace::derive::derive(&t.trace, case).ok_or_else(|| {
+        format!(
+            "unknown case '{case}': expected one of {} or comm<N>",
+            trace::derive::CASES.join(", ")
+        )
+    })?;
+    let mut out = Vec::new();
+    d.write_to(&mut out).map_err(|e| e.to_string())?;
+    write(output, out, &format!("{} events", d.ops.len()))
+}
+
+/// `npualloc convert`: a snapshot written as a text trace with its frames.
+fn convert_cmd(snapshot: &Path, output: &Path, device: Option<usize>) -> Result<(), Stop> {
+    let t = load(snapshot, device)?;
+    let mut out = Vec::new();
+    trace::frames::write_with_stacks(&t.trace, &t.stacks, &mut out).map_err(|e| e.to_string())?;
+    let what = format!(
+        "{} events ({} allocations with frames)",
+        t.trace.ops.len(),
+        t.stacks.len()
+    );
+    write(output, out, &what)
 }

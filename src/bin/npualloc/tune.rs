@@ -8,6 +8,8 @@ use npualloc::replay::tune::{self, Outcome, Score, Tried, Tuning, GRID, ROUNDS};
 use npualloc::stats::format_size;
 use npualloc::trace::Trace;
 
+use crate::out::{self, note, Stop};
+
 fn mib(n: u64) -> String {
     format!("{} MiB", n >> 20)
 }
@@ -135,23 +137,23 @@ fn tried_json(t: &Tried) -> Value {
 }
 
 /// Runs the search, prints the table (or JSON) and the best setting.
-pub fn run(traces: &[Trace], limit: usize, as_json: bool, quiet: bool) -> Result<(), String> {
+pub fn run(traces: &[Trace], limit: usize, as_json: bool, quiet: bool) -> Result<(), Stop> {
     let show = !quiet && !as_json && std::io::stderr().is_terminal();
     if !as_json {
-        println!(
+        out::print(format!(
             "tune: coordinate search over {} keys (at most {ROUNDS} rounds), each setting's \
              min capacity found per trace in 1 MiB steps up to {}; a setting must not raise \
              any trace's device calls (segment mallocs + page maps) or host syncs at its min \
              capacity above the defaults'. garbage_collection_threshold is not tried: it acts \
              only with a memory fraction, which a replay does not set.\n\
-             cells: min capacity, x peak requested, device calls/host syncs",
+             cells: min capacity, x peak requested, device calls/host syncs\n",
             GRID.len(),
             format_size(limit)
-        );
+        ))?;
     }
     let t = tune::tune(traces, limit, |x| {
         if show {
-            eprintln!(
+            note!(
                 "  tried {}",
                 if x.conf.is_empty() {
                     "(defaults)"
@@ -168,12 +170,8 @@ pub fn run(traces: &[Trace], limit: usize, as_json: bool, quiet: bool) -> Result
             "best": t.best, "best_scores": t.best_tried().scores.iter().map(score_json).collect::<Vec<_>>(),
             "tried": t.tried.iter().map(tried_json).collect::<Vec<_>>(),
         });
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&v).expect("serialisable")
-        );
+        out::print(serde_json::to_string_pretty(&v).expect("serialisable") + "\n")
     } else {
-        print!("{}\n{}", table(traces, &t), summary(traces, &t));
+        out::print(format!("{}\n{}", table(traces, &t), summary(traces, &t)))
     }
-    Ok(())
 }
