@@ -152,3 +152,43 @@ fn a_pickle_snapshot_loads_in_python_as_the_json_one() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn sizes_take_decimals_and_binary_units_and_zero_says_why() {
+    // The same device written four ways: the same OOM.
+    let first_oom = |capacity: &str| {
+        let (code, _, err) = cli(&["replay", &gpt2(), "--capacity", capacity, "-q"]);
+        assert_eq!(code, 3, "{capacity}: {err}");
+        err.lines().next().unwrap().to_string()
+    };
+    let want = first_oom("212M");
+    assert!(
+        want.contains("did not fit in a 212.00 MiB device"),
+        "{want}"
+    );
+    for capacity in ["212MiB", "212 MB", "0.20703125G", "222298112"] {
+        assert_eq!(first_oom(capacity), want, "{capacity}");
+    }
+    for capacity in ["1.5G", "64GiB", "1T"] {
+        let (code, _, err) = cli(&["replay", &gpt2(), "--capacity", capacity, "-q"]);
+        assert_eq!(code, 0, "{capacity}: {err}");
+    }
+    for (capacity, why) in [
+        ("0", "a device of 0 bytes cannot hold any allocation"),
+        ("0G", "a device of 0 bytes"),
+        ("64X", "unknown unit 'X'"),
+        ("1.5", "must be whole"),
+        ("-1G", "cannot be negative"),
+    ] {
+        for cmd in ["replay", "tune"] {
+            let arg = format!("--capacity={capacity}");
+            let (code, out, err) = cli(&[cmd, &gpt2(), &arg]);
+            assert_eq!(code, 2, "{cmd} {capacity}");
+            assert!(
+                err.starts_with(&format!("error: --capacity '{capacity}': ")) && err.contains(why),
+                "{cmd} {capacity}: {err}"
+            );
+            assert!(out.is_empty(), "{out}");
+        }
+    }
+}

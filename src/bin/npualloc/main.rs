@@ -19,6 +19,7 @@ use npualloc::trace::{self, Trace};
 
 mod out;
 mod settings;
+mod size;
 mod tune;
 
 use out::{note, Stop};
@@ -46,7 +47,8 @@ struct ReplayArgs {
     /// plus 32-byte request padding).
     #[arg(long = "conf")]
     confs: Vec<String>,
-    /// Simulated device capacity (bytes, or with K/M/G/T).
+    /// Simulated device capacity: bytes, or a number with K, M, G or T (also KiB, MiB,
+    /// GiB, TiB; powers of 1024), e.g. 64G, 1.5GiB, 512MiB.
     #[arg(long, default_value = "64G")]
     capacity: String,
     /// Print the results as JSON.
@@ -107,7 +109,8 @@ enum Command {
         /// Trace files (.trace, or snapshot .pickle).
         #[arg(required = true)]
         traces: Vec<PathBuf>,
-        /// Largest simulated device tried (bytes, or with K/M/G/T).
+        /// Largest simulated device tried: bytes, or a number with K, M, G or T (also KiB,
+        /// MiB, GiB, TiB; powers of 1024), e.g. 64G, 1.5GiB.
         #[arg(long, default_value = "64G")]
         capacity: String,
         /// Device trace to read from a snapshot pickle.
@@ -133,20 +136,17 @@ enum Command {
     },
 }
 
+/// `--capacity`: a size ([`size::parse_size`]) that leaves room for an allocation.
 fn parse_capacity(s: &str) -> Result<usize, String> {
-    let t = s.trim();
-    let (num, mult) = match t.chars().last() {
-        Some('K' | 'k') => (&t[..t.len() - 1], 1usize << 10),
-        Some('M' | 'm') => (&t[..t.len() - 1], 1 << 20),
-        Some('G' | 'g') => (&t[..t.len() - 1], 1 << 30),
-        Some('T' | 't') => (&t[..t.len() - 1], 1 << 40),
-        _ => (t, 1),
-    };
-    num.parse::<usize>()
-        .ok()
-        .and_then(|n| n.checked_mul(mult))
-        .filter(|&n| n > 0)
-        .ok_or_else(|| format!("--capacity '{s}' is not a size such as 64G or 1073741824"))
+    let n = size::parse_size(s).map_err(|e| format!("--capacity '{s}': {e}"))?;
+    if n == 0 {
+        return Err(format!(
+            "--capacity '{s}': a device of 0 bytes cannot hold any allocation; give the \
+             simulated device's size, e.g. 64G (the default) or 80MiB"
+        ));
+    }
+    usize::try_from(n)
+        .map_err(|_| format!("--capacity '{s}': larger than this machine's address space"))
 }
 
 /// A trace as read, with the stacks of its allocations (empty when it has none).
