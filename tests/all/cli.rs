@@ -192,3 +192,28 @@ fn sizes_take_decimals_and_binary_units_and_zero_says_why() {
         }
     }
 }
+
+#[test]
+fn mistyped_settings_get_a_did_you_mean() {
+    for (conf, want) in [
+        (
+            "max_split_size_mb=128",
+            "NAME=SETTINGS names a column: 'max_split_size_mb' became a column name and '128' \
+             its settings); did you mean --conf max_split_size_mb:128?",
+        ),
+        (
+            "max_split_size_md:128",
+            "unrecognized key 'max_split_size_md' in allocator config; did you mean 'max_split_size_mb'?",
+        ),
+        ("pytorh", "did you mean the preset 'pytorch'?"),
+        ("torch-npu,hot_cache:False", "did you mean the preset 'torch_npu'?"),
+    ] {
+        let (code, out, err) = cli(&["replay", &gpt2(), "--conf", conf, "-q"]);
+        assert_eq!(code, 2, "{conf}");
+        assert!(
+            err.starts_with(&format!("error: --conf '{conf}': ")) && err.trim_end().ends_with(want),
+            "{conf}: {err}"
+        );
+        assert!(out.is_empty());
+    }
+}
