@@ -8,6 +8,8 @@ mod capacity;
 mod cli;
 #[cfg(feature = "cli")]
 mod cli_pipe;
+#[cfg(feature = "cli")]
+mod cli_snapshots;
 mod common;
 mod cross_stream;
 mod exact_stats;

@@ -38,7 +38,7 @@ struct Cli {
 /// Arguments of `npualloc replay`.
 #[derive(Args)]
 struct ReplayArgs {
-    /// Trace files.
+    /// Trace files (.trace, snapshot .pickle or .json).
     #[arg(required = true)]
     traces: Vec<PathBuf>,
     /// Allocator settings (PyTorch syntax), `NAME=SETTINGS` to name the column; repeat to
@@ -60,10 +60,12 @@ struct ReplayArgs {
     /// Write an HTML page with the table and the picture.
     #[arg(long)]
     html: Option<PathBuf>,
-    /// Write the allocator's state at peak reserved, in PyTorch's _snapshot() shape (JSON).
+    /// Write the allocator's state at peak reserved and the replay's events, in PyTorch's
+    /// _snapshot() shape: a pickle for a .pickle or .pkl name (what torch's _memory_viz
+    /// and memory_viz page read), JSON for any other; replay and convert read both.
     #[arg(long)]
     snapshot: Option<PathBuf>,
-    /// Device trace to read from a snapshot pickle (default: the first with events).
+    /// Device trace to read from a snapshot (default: the first with events).
     #[arg(long)]
     device: Option<usize>,
     /// No progress bar.
@@ -89,7 +91,8 @@ struct ReplayArgs {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Replay traces (.trace, or PyTorch snapshot .pickle) and report fragmentation and speed.
+    /// Replay traces (.trace, a PyTorch snapshot .pickle, or a snapshot as JSON) and report
+    /// fragmentation and speed.
     Replay(ReplayArgs),
     /// Derive a multi-stream case (comm, branch, rr4) from a single-stream trace.
     Derive {
@@ -106,14 +109,14 @@ enum Command {
     /// Search allocator settings for the smallest device each trace runs on, without more
     /// device calls or host syncs than the defaults; prints what it tried and the best.
     Tune {
-        /// Trace files (.trace, or snapshot .pickle).
+        /// Trace files (.trace, snapshot .pickle or .json).
         #[arg(required = true)]
         traces: Vec<PathBuf>,
         /// Largest simulated device tried: bytes, or a number with K, M, G or T (also KiB,
         /// MiB, GiB, TiB; powers of 1024), e.g. 64G, 1.5GiB.
         #[arg(long, default_value = "64G")]
         capacity: String,
-        /// Device trace to read from a snapshot pickle.
+        /// Device trace to read from a snapshot.
         #[arg(long)]
         device: Option<usize>,
         /// Print the results as JSON.
@@ -123,9 +126,10 @@ enum Command {
         #[arg(long, short)]
         quiet: bool,
     },
-    /// Convert a PyTorch / torch_npu memory snapshot pickle into a text trace.
+    /// Convert a PyTorch / torch_npu memory snapshot (pickle, or JSON) into a text trace.
     Convert {
-        /// The snapshot (`torch.npu.memory._dump_snapshot()` output).
+        /// The snapshot: `torch.npu.memory._dump_snapshot()`'s pickle, or a snapshot as JSON
+        /// (`npualloc replay --snapshot s.json`).
         snapshot: PathBuf,
         /// Output trace file (`-`: stdout).
         #[arg(short, long)]
@@ -160,8 +164,15 @@ struct Loaded {
 fn load(path: &Path, device: Option<usize>) -> Result<Loaded, String> {
     let name = path.display().to_string();
     let bytes = std::fs::read(path).map_err(|e| format!("{name}: cannot read: {e}"))?;
-    let loaded = if is_pickle(path) {
-        let s = trace::pickle::read_snapshot(&bytes, &name, device).map_err(|e| e.to_string())?;
+    let snapshot = if is_pickle(path) || bytes.first() == Some(&PICKLE_PROTO) {
+        Some(trace::pickle::read_snapshot(&bytes, &name, device))
+    } else if is_json(path, &bytes) {
+        Some(trace::pickle::read_json_snapshot(&bytes, &name, device))
+    } else {
+        None
+    };
+    let loaded = if let Some(s) = snapshot {
+        let s = s.map_err(|e| e.to_string())?;
         for line in s.notes.lines() {
             note!("note: {name}: {line}");
         }
@@ -419,6 +430,20 @@ fn named(path: &Path, r: &ReplayReport, label: &str, many: bool) -> PathBuf {
 fn is_pickle(path: &Path) -> bool {
     path.extension()
         .is_some_and(|e| e == "pickle" || e == "pkl")
+}
+
+/// The first byte of a pickle of protocol 2 or later (the PROTO opcode), whatever the
+/// file's name.
+const PICKLE_PROTO: u8 = 0x80;
+
+/// Whether a file is a JSON snapshot: named `.json`, or starting with `{` or `[`, which
+/// no text trace does.
+fn is_json(path: &Path, bytes: &[u8]) -> bool {
+    path.extension().is_some_and(|e| e == "json")
+        || bytes
+            .iter()
+            .find(|b| !b.is_ascii_whitespace())
+            .is_some_and(|b| matches!(b, b'{' | b'['))
 }
 
 /// Writes an output file and says so on stderr; `-` is stdout.
