@@ -217,3 +217,54 @@ fn mistyped_settings_get_a_did_you_mean() {
         assert!(out.is_empty());
     }
 }
+
+#[test]
+fn oom_advice_names_conf_and_a_small_block_holding_a_segment() {
+    // On 212 MiB the 196 MiB logits fail while a 20 MiB segment is kept by a 3 MiB block.
+    for listed in [false, true] {
+        let mut args = vec![
+            "replay".to_string(),
+            gpt2(),
+            "--capacity".into(),
+            "212M".into(),
+            "-q".into(),
+        ];
+        if listed {
+            args.push("--oom-segments".into());
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (code, _, err) = cli(&args);
+        assert_eq!(code, 3, "{err}");
+        assert!(!err.contains("NPUALLOC_CONF"), "{err}");
+        let cause = err
+            .lines()
+            .find(|l| l.starts_with("  cause: "))
+            .expect(&err);
+        assert!(
+            cause.contains("small live blocks keep 2 segment(s), 22.00 MiB in all (the largest: 20.00 MiB for 3.00 MiB live)")
+                && cause.contains("would have left 212.00 MiB free for the 196.32 MiB request, where the device had 190.00 MiB"),
+            "{cause}"
+        );
+        assert_eq!(cause.contains("--oom-segments lists"), !listed, "{cause}");
+        let to_try = err
+            .lines()
+            .find(|l| l.starts_with("  to try: "))
+            .expect(&err);
+        assert!(to_try.contains("--conf max_split_size_mb:N"), "{to_try}");
+        assert!(
+            to_try.contains(&format!("`npualloc tune {} --capacity 212M`", gpt2())),
+            "{to_try}"
+        );
+    }
+    // On 80 MiB the segments are well used: no cause named, the settings to try still.
+    let (code, _, err) = cli(&["replay", &gpt2(), "--capacity", "80M", "-q"]);
+    assert_eq!(code, 3);
+    assert!(
+        !err.contains("cause:") && !err.contains("NPUALLOC_CONF"),
+        "{err}"
+    );
+    assert!(
+        err.contains("  to try: --conf max_split_size_mb:N"),
+        "{err}"
+    );
+}

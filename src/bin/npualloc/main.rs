@@ -17,6 +17,7 @@ use npualloc::stats::format_size;
 use npualloc::trace::frames::Stacks;
 use npualloc::trace::{self, Trace};
 
+mod oom;
 mod out;
 mod settings;
 mod size;
@@ -498,46 +499,6 @@ fn html_escape(s: &str) -> String {
         .replace('>', "&gt;")
 }
 
-/// Says what the first OOM of a run was, and how many followed.
-fn report_ooms(r: &ReplayReport, label: &str, capacity: usize, segments: bool) {
-    let Some(o) = &r.first_oom else { return };
-    note!(
-        "{} [{label}]: {} allocation(s) did not fit in a {} device. The first, event {} \
-         (allocation {} of {} on stream {}, with {} live), failed:\n  {}",
-        r.name,
-        r.ooms,
-        format_size(capacity),
-        o.event + 1,
-        o.id,
-        bytes(o.size),
-        o.stream,
-        format_size(o.live_requested),
-        o.message
-    );
-    if r.ooms > 1 {
-        note!(
-            "  ({} more allocation(s) failed after it; the figures above are for a replay that skipped them)",
-            r.ooms - 1
-        );
-    }
-    if segments {
-        note!("  segments then (size, stream, pool, allocated, pending free, free, largest free, blocks):");
-        for s in &o.segments {
-            note!(
-                "    {:>10} s{} {} {:>10} {:>10} {:>10} {:>10} {}",
-                format_size(s.size),
-                s.stream,
-                if s.small { "small" } else { "large" },
-                format_size(s.allocated),
-                format_size(s.pending),
-                format_size(s.free),
-                format_size(s.largest_free),
-                s.blocks
-            );
-        }
-    }
-}
-
 /// Replays every trace under every setting; `Ok(false)` when some replay ran out of
 /// memory (reported on stderr).
 fn replay_cmd(args: ReplayArgs) -> Result<bool, Stop> {
@@ -565,7 +526,7 @@ fn replay_cmd(args: ReplayArgs) -> Result<bool, Stop> {
                 detail,
             };
             let r = run_one(&t.trace, &opts, args.quiet)?;
-            report_ooms(&r, &setting.label, capacity, args.oom_segments);
+            oom::report(&r, &setting.label, capacity, args.oom_segments);
             fits &= r.ooms == 0;
             if let Some(p) = &args.svg {
                 let out = named(p, &r, &setting.label, many);
