@@ -569,7 +569,12 @@ mod tests {
             format!("a {} 1 0", "-".repeat(100_000)),
         ] {
             let e = parse(&text, "bad.trace").unwrap_err().to_string();
-            assert!(e.len() < 250, "{} bytes: {}", e.len(), &e[..300.min(e.len())]);
+            assert!(
+                e.len() < 250,
+                "{} bytes: {}",
+                e.len(),
+                &e[..300.min(e.len())]
+            );
             assert!(e.contains("(100"), "{e}");
         }
     }
