@@ -57,8 +57,15 @@ const C_STREAMS: [&str; 8] = [
 /// 6.6 px each in Helvetica), and of the 18 px title.
 const SMALL_LINE_CHARS: usize = 150;
 const TITLE_LINE_CHARS: usize = 95;
-/// Line height of the header's wrapped lines.
+/// Line heights of the title's and the subtitle's wrapped lines.
+const TITLE_LINE_H: f64 = 22.0;
 const LINE_H: f64 = 16.0;
+
+/// How far a header of `title` and `subtitle` lines pushes the rest down (0 for one of
+/// each).
+fn header_extra(title: usize, subtitle: usize) -> f64 {
+    title.saturating_sub(1) as f64 * TITLE_LINE_H + subtitle.saturating_sub(1) as f64 * LINE_H
+}
 /// Height of the stream strip over each row.
 const STRIP_H: f64 = 4.0;
 
@@ -564,7 +571,7 @@ pub fn render_with(r: &ReplayReport, notes: &HashMap<usize, String>) -> String {
         &[',', ' ', ';'],
     );
     // Lines past the first of each push everything below them down.
-    let extra = (title.len() + subtitle.len() - 2) as f64 * LINE_H;
+    let extra = header_extra(title.len(), subtitle.len());
     let height = MAP_TOP + MAP_ROWS as f64 * (ROW_H + ROW_GAP) + 62.0 + extra;
     let mut out = String::new();
     let _ = writeln!(
@@ -580,9 +587,9 @@ pub fn render_with(r: &ReplayReport, notes: &HashMap<usize, String>) -> String {
             r##"<text x="{LEFT}" y="{y:.1}" class="h1">{}</text>"##,
             esc(line)
         );
-        y += LINE_H + 4.0;
+        y += TITLE_LINE_H;
     }
-    y -= 4.0;
+    y -= TITLE_LINE_H - 20.0;
     for line in &subtitle {
         let _ = writeln!(
             out,
@@ -738,7 +745,11 @@ mod tests {
             let h = svg.split("height=\"").nth(1).unwrap();
             h[..h.find('"').unwrap()].parse().unwrap()
         };
-        let extra = (header.len() - 2) as f64 * LINE_H;
+        let extra = header_extra(
+            header.iter().filter(|t| t.0 == "h1").count(),
+            header.iter().filter(|t| t.0 == "small").count(),
+        );
+        assert!(extra > 0.0);
         assert_eq!(height(&svg), height(&plain) + extra);
         assert!(svg.contains(&format!(r##"<g transform="translate(0,{extra:.1})">"##)));
     }
