@@ -80,14 +80,12 @@ pub fn gain(total: u64, cost: u64, best: Option<(u64, u64)>) -> Gain {
     };
     let saved = best_total.saturating_sub(total);
     let fewer = best_cost.saturating_sub(cost);
-    if saved > 0
-        && saved.saturating_mul(100) >= best_total.saturating_mul(MIN_CAPACITY_GAIN_PERCENT)
-    {
-        Gain::Clear
-    } else if total <= best_total
+    let less_memory = saved > 0
+        && saved.saturating_mul(100) >= best_total.saturating_mul(MIN_CAPACITY_GAIN_PERCENT);
+    let fewer_calls = total <= best_total
         && fewer > 0
-        && fewer.saturating_mul(100) >= best_cost.saturating_mul(MIN_CALLS_GAIN_PERCENT)
-    {
+        && fewer.saturating_mul(100) >= best_cost.saturating_mul(MIN_CALLS_GAIN_PERCENT);
+    if less_memory || fewer_calls {
         Gain::Clear
     } else if (total, cost) < (best_total, best_cost) {
         Gain::BelowMinimum
