@@ -233,17 +233,33 @@ inline void* malloc_routed(size_t size, int device, npualloc_stream stream,
                  : npualloc_malloc(size, device, stream);
   if (p != nullptr) return p;
   std::string msg = last_error();
+  // The C function's name the library puts first is no news to a Python user.
+  for (const std::string function : {"npualloc_malloc: ", "npualloc_malloc_in_pool: "})
+    if (msg.compare(0, function.size(), function) == 0) msg.erase(0, function.size());
   TORCH_CHECK_WITH(OutOfMemoryError, msg.find("out of memory") == std::string::npos, "npualloc: " + msg);
   // One string argument: formatting a size_t through c10::str crashed in a shim built
   // with a GPU machine's g++ against torch 2.11 (seen in cuda-gdb), strings did not.
   TORCH_CHECK(false, "npualloc could not allocate " + std::to_string(size) + " bytes: " + msg);
 }
 
-// Frees `ptr` (npualloc_free; the allocation's device and stream are npualloc's to find).
-// Returns NPUALLOC_OK: npualloc_free reports no failure to its caller.
+// Whether a call of one of the C ABI's void functions failed: a failure replaces this
+// thread's last-error string (a new one is made before the old one goes, so its address
+// changes), a success leaves it.
+class FailureWatch {
+ public:
+  FailureWatch() : before_(npualloc_last_error()) {}
+  bool failed() const { return npualloc_last_error() != before_; }
+
+ private:
+  const char* before_;
+};
+
+// Frees `ptr` (npualloc_free; the allocation's device and stream are npualloc's to
+// find); NPUALLOC_ERR_UNKNOWN_POINTER for an unknown or already freed pointer.
 inline int free_reporting(void* ptr) {
+  FailureWatch watch;
   npualloc_free(ptr, 0, -1, nullptr);
-  return NPUALLOC_OK;
+  return watch.failed() ? NPUALLOC_ERR_UNKNOWN_POINTER : NPUALLOC_OK;
 }
 
 // The memory fraction set per device (getMemoryFraction), 1.0 until set.

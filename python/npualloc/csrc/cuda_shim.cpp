@@ -221,7 +221,9 @@ class NpuallocCudaAllocator final : public CCA::CUDAAllocator {
     check_device(device, "setMemoryFraction");
     TORCH_CHECK(fraction >= 0.0 && fraction <= 1.0,
                 "npualloc: setMemoryFraction: invalid fraction " + std::to_string(fraction) + ", not within [0, 1]");
+    npualloc_shim::FailureWatch watch;
     npualloc_set_memory_fraction(fraction, device);
+    if (watch.failed()) check(NPUALLOC_ERR_INVALID_ARGUMENT, "setMemoryFraction");
     engine().fractions.set(device, fraction);
   }
 
