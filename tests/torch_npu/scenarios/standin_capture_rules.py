@@ -18,7 +18,7 @@ for name in ("aclrtCreateStream", "aclrtCreateEvent"):
 acl.aclmdlRICaptureBegin.argtypes = [vp, ctypes.c_int]
 acl.aclmdlRICaptureEnd.argtypes = [vp, ctypes.POINTER(vp)]
 acl.aclmdlRICaptureThreadExchangeMode.argtypes = [ctypes.POINTER(ctypes.c_int)]
-acl.aclrtMalloc.argtypes = [ctypes.POINTER(vp), ctypes.c_size_t, ctypes.c_int]
+acl.aclrtMalloc.argtypes = acl.aclrtMallocAlign32.argtypes = [ctypes.POINTER(vp), ctypes.c_size_t, ctypes.c_int]
 acl.aclrtMallocHost.argtypes = [ctypes.POINTER(vp), ctypes.c_size_t]
 acl.aclrtFree.argtypes = acl.aclrtFreeHost.argtypes = [vp]
 acl.aclrtMemset.argtypes = [vp, ctypes.c_size_t, ctypes.c_int, ctypes.c_size_t]
@@ -88,9 +88,12 @@ check(acl.aclmdlRICaptureBegin(capture, GLOBAL) == STREAM_CAPTURED, "a stream ca
 check(acl.aclrtRecordEvent(fork, capture) == OK, "record in the capture")
 check(acl.aclrtStreamWaitEvent(side, fork) == OK, "side stream joins")
 check(acl.aclrtRecordEvent(outside, other) == OK, "record outside the capture")
-# Allocation and free are not restricted by a capture, in any mode.
+# Allocation and free are not restricted by a capture, in any mode (torch_npu's own
+# allocator calls aclrtMallocAlign32 inside torchair's global-mode captures).
 p = vp()
 check(acl.aclrtMalloc(ctypes.byref(p), 1 << 20, 0) == OK, "aclrtMalloc refused during a global capture")
+check(acl.aclrtFree(p) == OK, "aclrtFree refused during a global capture")
+check(acl.aclrtMallocAlign32(ctypes.byref(p), 1 << 20, 0) == OK, "aclrtMallocAlign32 refused (global capture)")
 check(acl.aclrtFree(p) == OK, "aclrtFree refused during a global capture")
 check(in_thread(lambda: acl.aclrtMalloc(ctypes.byref(vp()), 4096, 0)) == OK,
       "aclrtMalloc on another thread refused during a global capture")
