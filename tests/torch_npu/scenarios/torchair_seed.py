@@ -169,6 +169,20 @@ def phase_empty_cache():
     return {"steps": steps, "pool_streams": sorted(pool_streams(new_pools(before))), "kept_16mib_after": kept}
 
 
+def stream_limits():
+    """torchair reads the capture stream's core limits before each capture and sets them
+    again before a replay whose limits differ: torch_npu must reach the runtime's
+    aclrt*ResLimit calls (it resolves them by name from the whole process)."""
+    s = torch.npu.Stream()
+    limits = torch_npu.npu.get_stream_limit(s)
+    check(limits["cube_core_num"] > 0 and limits["vector_core_num"] > 0, "stream limits %s" % limits)
+    torch_npu.npu.set_stream_limit(s, limits["cube_core_num"] // 2, limits["vector_core_num"] // 2)
+    halved = torch_npu.npu.get_stream_limit(s)
+    check(halved == {"cube_core_num": limits["cube_core_num"] // 2, "vector_core_num": limits["vector_core_num"] // 2},
+          "set_stream_limit not kept: %s" % halved)
+
+
+stream_limits()
 record = {"static": phase_static(), "dynamic": phase_dynamic(), "empty_cache": phase_empty_cache()}
 check(si.lib.standin_capture_refusals() == 0,
       "calls refused by CANN's capture rules: %d" % si.lib.standin_capture_refusals())
