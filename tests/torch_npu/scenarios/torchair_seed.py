@@ -42,7 +42,7 @@ if not NPUALLOC:
     # the capture by asking aclmdlRICaptureGetInfo about the stream; with the task queue
     # on (TASK_QUEUE_ENABLE=1, the default) the stream's join (the aclrtStreamWaitEvent
     # of npu_tagged_event_wait) may still wait in the queue, and the allocation then
-    # comes from the ordinary pool: seen here in about a third of the runs. The reference
+    # comes from the ordinary pool (tests/torch_npu/README.md, torchair). The reference
     # record is taken with the queue off, where torch_npu's allocator is deterministic.
     os.environ["TASK_QUEUE_ENABLE"] = "0"
 
