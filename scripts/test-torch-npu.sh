@@ -70,8 +70,10 @@ export PATH="$venv/bin:$PATH"
 export NPUALLOC_LIB="$repo/target/debug/libnpualloc.so"
 export NPUALLOC_BIN="$repo/target/debug/npualloc"
 export TORCH_NPU_STANDIN="$standin"
-# The shim is compiled once per source/flags and kept here between runs.
-export TORCH_EXTENSIONS_DIR="$cache/torch_extensions-$TORCH_NPU_VERSION"
+# The shim is compiled once per source/flags and kept here between runs, one folder per
+# checkout: checkouts with different shim sources would otherwise rebuild each other's.
+checkout_key=$(printf '%s' "$repo" | sha256sum | cut -c1-8)
+export TORCH_EXTENSIONS_DIR="$cache/torch_extensions-$TORCH_NPU_VERSION-$checkout_key"
 export MAX_JOBS=1
 if [ "${1:-}" = "--anchor" ]; then
   shift
