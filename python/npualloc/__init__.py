@@ -158,7 +158,8 @@ def _check_version(package, version, supported, why):
 
 def _shim_name(base, sources, lib_path, versions):
     """The extension's name: `base` and a hash of everything the build depends on (the
-    shim's sources, npualloc.h, the library it links and the torch versions), so that
+    shim's sources, npualloc.h, the library it links, the torch versions and where they
+    are installed), so that
     builds for different checkouts or versions sit side by side in torch's extension
     cache instead of rebuilding one another."""
     h = hashlib.sha256()
@@ -214,7 +215,8 @@ def _build_shim(lib_path):
         ldflags += ["-L" + os.path.join(ascend, "lib64"), "-lascendcl"]
     # Otherwise the ACL functions resolve through libtorch_npu's own libascendcl.
     return _compile("npualloc_torch_npu_shim", "torch_npu_shim.cpp", lib_path, includes,
-                    ldflags, "npualloc.install()", (torch.__version__, torch_npu.__version__))
+                    ldflags, "npualloc.install()",
+                    (torch.__version__, torch.__file__, torch_npu.__version__, tnpu))
 
 
 _CUDA_HEADERS = ("cuda_runtime_api.h", os.path.join("crt", "host_config.h"))
@@ -260,7 +262,7 @@ def _build_cuda_shim(lib_path):
     torch_lib = os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), "lib")
     ldflags = ["-L" + torch_lib, "-lc10_cuda", "-Wl,-rpath," + torch_lib]
     return _compile("npualloc_cuda_shim", "cuda_shim.cpp", lib_path, includes, ldflags,
-                    "npualloc.install_cuda()", (torch.__version__,))
+                    "npualloc.install_cuda()", (torch.__version__, torch.__file__, includes))
 
 
 def _set_env(backend, conf):
