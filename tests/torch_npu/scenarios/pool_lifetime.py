@@ -139,8 +139,8 @@ check(ctx.lib.npualloc_check_invariants(0) == 0, ctx.npualloc.last_error())
 for repro in result:
     print(repro, json.dumps(result[repro]))
 # torch_npu's own allocator on the same script: the same steps complete (its process
-# exits 0) and keeps the same number of pool segments at each step (sizes may differ:
-# the two allocators round and size segments differently).
+# exits 0, its own checks included: the 30 MiB segment kept while g1 lives, nothing
+# after the last reset), and at each step the pool holds no more bytes with npualloc.
 p = subprocess.run([sys.executable, os.path.abspath(__file__), "--native"], capture_output=True, text=True,
                    timeout=600)
 check(p.returncode == 0, "torch_npu's own allocator failed the same script:\n" + p.stderr[-3000:])
@@ -149,6 +149,7 @@ ours = sizes(result)
 print("native", json.dumps(native))
 for repro in ours:
     for step in ours[repro]:
-        check(len(ours[repro][step]) == len(native[repro][step]),
-              "%s, %s: npualloc keeps %r, torch_npu %r" % (repro, step, ours[repro][step], native[repro][step]))
+        check(sum(ours[repro][step]) <= sum(native[repro][step]),
+              "%s, %s: the pool holds %r with npualloc, %r with torch_npu's allocator"
+              % (repro, step, ours[repro][step], native[repro][step]))
 passed("pool_lifetime")
