@@ -18,10 +18,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 # run name -> why it is expected to fail (issue and item)
-EXPECTED_FAILURES = {
-    "torchair_seed[--npualloc]": "issue #27 item 1: npualloc is installed through torch_npu's "
-    "pluggable allocator, whose getCheckpointState aborts the process at torchair's first compile",
-}
+EXPECTED_FAILURES = {}
 
 # Scenarios run again under other settings: torch_npu's task queue off (0) and in its
 # second mode (2; the default is 1), and with one task queue per stream
