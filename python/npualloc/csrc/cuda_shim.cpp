@@ -27,6 +27,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/ApproximateClock.h>
+#include <torch/csrc/profiler/combined_traceback.h>
 
 #include <cuda_runtime_api.h>
 
@@ -437,6 +438,9 @@ std::shared_ptr<CCA::CUDAAllocator>& the_allocator() {
 
 cudaStream_t as_stream(uint64_t s) { return reinterpret_cast<cudaStream_t>(s); }
 
+// Python stacks, as torch.cuda.memory._record_memory_history(stacks="python") gathers them.
+std::shared_ptr<c10::GatheredContext> gather_python() { return torch::CapturedTraceback::gather(true, true, false); }
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -468,7 +472,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     cudaStream_t s = as_stream(stream);
     engine().router.begin(device, pool, [s](cudaStream_t t) { return t == s; }, s);
   });
-  m.def("test_deleter_is_raw_deleter", [](const c10::Storage& s) {
-    return s.data_ptr().get_deleter() == the_allocator()->raw_deleter();
+  // torch._C._cuda_record_memory_history needs a driver: the allocator's recordHistory
+  // as it calls it (contexts of allocations and frees, `max_entries` per device).
+  m.def("test_record_history", [](bool enabled, size_t max_entries) {
+    the_allocator()->recordHistory(enabled, enabled ? &gather_python : nullptr, max_entries,
+                                   enabled ? CCA::RecordContext::ALL : CCA::RecordContext::NEVER, true, {});
   });
 }

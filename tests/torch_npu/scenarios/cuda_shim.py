@@ -64,7 +64,7 @@ C._cuda_resetAccumulatedMemoryStats(0)
 check(C._cuda_memoryStats(0)["num_ooms"] == 0, "resetAccumulatedStats kept num_ooms")
 
 # A capture into pool (0, 7) on a stream of its own, as torch.cuda.graph drives it.
-torch.cuda.memory._record_memory_history(max_entries=1000, stacks="python")
+shim.test_record_history(True, 1000)  # torch._C's own binding needs a driver
 stream = ctypes.c_void_p()
 check(lib.npualloc_sim_create_stream(0, ctypes.byref(stream)) == 0, "sim stream")
 s = stream.value
@@ -90,7 +90,9 @@ traces = C._cuda_memorySnapshot(None)["device_traces"]
 allocs = [e for e in traces[0] if e["action"] == "alloc"]
 check(len(allocs) == 3, "%d alloc entries for 3 allocations" % len(allocs))
 check(all(e["time_us"] > 0 for e in allocs), "trace entries without a time")
-torch.cuda.memory._record_memory_history(enabled=None)
+check(all(any(f["filename"].endswith(HERE) for f in e.get("frames", [])) for e in allocs),
+      "an alloc entry without this script's frame")
+shim.test_record_history(False, 1)
 check(not C._cuda_isHistoryEnabled(), "history still enabled")
 
 state = C._cuda_getCheckpointState(0, pool)
