@@ -14,10 +14,8 @@ blocks of two streams (the capture stream and a side stream that joined it):
 - errors for an unknown pool and for a state of another device, with npualloc's
   message.
 
-Seen to fail: with setCheckpointPoolState's DataPtrs carrying another deleter
-(a stub deleter instead of raw_deleter) _has_Standard_Deleter is false; with the
-checkpoint not restoring the freed side-stream block, the live check after the restore
-is false; with the pluggable allocator the first call aborts the process."""
+Seen to fail with setCheckpointPoolState's DataPtrs carrying another deleter than
+raw_deleter(): _has_Standard_Deleter of the restored storage is false."""
 from common import check, passed, start
 
 ctx = start()

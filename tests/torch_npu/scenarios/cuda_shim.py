@@ -17,8 +17,8 @@ torch.empty on CUDA needs a GPU), everything else through torch._C's own binding
   _cuda_memorySnapshot with segment_pool_id and the history's alloc entries and frames,
   _cuda_getAllocatorBackend.
 
-Seen to fail: with the pluggable allocator (the shim before), _cuda_getCheckpointState
-raised "CUDAPluggableAllocator does not yet support getCheckpointState"."""
+Seen to fail with setCheckpointPoolState's DataPtrs carrying another deleter than
+raw_deleter() (_has_Standard_Deleter is false)."""
 import ctypes
 import os
 

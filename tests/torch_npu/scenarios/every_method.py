@@ -4,11 +4,10 @@ meaning or raises npualloc's one clear error naming the method; never torch_npu'
 "does not yet support" (the header's defaults) and never an abort. The methods only
 C++ reaches (and how npualloc answers each) are listed in docs/guides/torch-npu.md.
 
-Seen to fail: with the header's default getPoolUseCount / createOrIncrefPool (not
-overridden), MemPool() raises "npualloc does not yet support createOrIncrefPool";
-with setUseOnOOM refusing False too, deleting a MemPool aborts the process (its
-destructor calls setUseOnOOM(False)); with c10::SetAllocator left out,
-torch.accelerator.memory_stats() is torch_npu's own allocator's."""
+Seen to fail with setUseOnOOM refusing False too (deleting a MemPool terminates the
+process: its destructor calls setUseOnOOM(False)), with c10::SetAllocator left out
+(torch.accelerator.memory_stats() is torch_npu's own allocator's), and with raw_delete
+not seeing npualloc_free's failure (a double caching_allocator_delete raises nothing)."""
 from common import check, passed, start
 
 ctx = start()

@@ -3,9 +3,8 @@ base of torchair's reduce-overhead mode), in the seed pattern: inside the captur
 stream waits on an event recorded in the capture, allocates, a tensor used on it is
 record_stream-ed and freed; then replay, and release of the pool (issue #13 item 6).
 
-Seen to fail without the pool routing (the shim's malloc ignoring the open
-beginAllocateToPool filters): the capture's allocations come from the ordinary pools
-and no segment belongs to the graph's pool."""
+Seen to fail with the shim's malloc ignoring the open beginAllocateToPool filters: the
+capture's allocations come from the ordinary pool (0, 0)."""
 import ctypes
 import json
 import os

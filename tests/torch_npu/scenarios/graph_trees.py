@@ -6,9 +6,10 @@ take a checkpoint after every recording (getCheckpointState) and restore one whe
 switch branches (setCheckpointPoolState); their generation checks compare every
 output's deleter with the allocator's raw_deleter().
 
-Seen to fail: with the pluggable allocator (the shim before the complete allocator),
-the first call raised "pluggable does not yet support checkPoolLiveAllocations"; with
-checkPoolLiveAllocations answering false (a stub), graph trees' own assertion fails."""
+Seen to fail with setCheckpointPoolState's DataPtrs carrying another deleter than
+raw_deleter(): graph trees' own check (_has_Standard_Deleter) raises. (A
+checkPoolLiveAllocations that answers false is not caught here: graph trees then check
+the pool through memory_snapshot(), which agrees, and go on.)"""
 from common import check, passed, start
 
 ctx = start()

@@ -12,9 +12,9 @@ bindings into npualloc's complete allocator):
 - an OOM observer attached through torch_npu is called with the device and the size
   asked for, and the allocation raises torch.OutOfMemoryError.
 
-Seen to fail: with snapshot() leaving device_traces empty (a stub), the trace checks
-fail; with the History callback not attaching the gathered context, no frames; with
-the OOM observer never registered in npualloc, the observer is not called."""
+Seen to fail with snapshot() leaving device_traces empty (no alloc entry), with the
+trace callback attaching no gathered context (an alloc entry without this script's
+frame), and with the OOM observer not registered in npualloc (called 0 times)."""
 import os
 import pickle
 import subprocess

@@ -13,10 +13,9 @@ process) for comparison: the same steps complete, the same pool segments survive
   _npu_endAllocateToPool / _npu_releasePool, then a real capture into the same pool: it
   captures, and its allocation is in the pool.
 
-Seen to fail without the use counts (the shim's releasePool releasing the pool at the
-first release, as the pluggable path did): the 30 MiB segment is gone after
-g2.reset() + empty_cache, and the keeper's capture fails with "pool (0, 1) was
-released"."""
+Seen to fail with the shim's releasePool dropping every use of the pool at once (the
+lifetime the pluggable path had): the 30 MiB segment is gone after g2.reset() +
+empty_cache."""
 import json
 import os
 import subprocess
