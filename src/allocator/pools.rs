@@ -108,11 +108,13 @@ impl CachingAllocator {
     pub fn begin_allocate_to_pool(&self, id: MempoolId, stream: StreamHandle) -> Result<(), Error> {
         check_id(id)?;
         let (_, shard) = self.shard(stream)?;
-        if let Some(t) = shard.lock().capture.routed() {
+        let routed = {
             let st = shard.lock();
+            st.pool_id(st.capture.routed())
+        };
+        if let Some(p) = routed {
             return Err(Error::InvalidState(format!(
-                "this stream is already allocating to pool {:?}",
-                st.capture.id_of(t)
+                "this stream is already allocating to pool {p:?}"
             )));
         }
         // No event may be recorded on the stream while it captures: from now on no

@@ -20,6 +20,7 @@ mod lending;
 mod mstx;
 mod pickle;
 mod policy;
+mod pool_lifetime;
 #[cfg(feature = "cli")]
 mod pressure;
 #[cfg(feature = "cli")]
