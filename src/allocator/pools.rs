@@ -23,6 +23,7 @@
 use rustc_hash::FxHashSet;
 
 use super::graph_pools::{check_id, NO_POOL};
+use super::history::{TraceAction, TraceEvent};
 use super::shard::{CheckpointSegment, NoPeers, ShardState};
 use super::{CachingAllocator, OtherShards, Shard};
 use crate::device::{DeviceIndex, DevicePtr, MempoolId, StreamHandle};
@@ -188,11 +189,20 @@ impl CachingAllocator {
             shared: &self.shared,
         };
         let found = self.with_shard(shard, |st| st.malloc_in(id, size, false, &peers));
-        match found {
-            Ok(Some(ptr)) => Ok(ptr),
-            Ok(None) => self.malloc_in_pool_last_resort(size, shard, id),
-            Err(e) => Err(self.malloc_failed(e, size)),
-        }
+        let ptr = match found {
+            Ok(Some(ptr)) => ptr,
+            Ok(None) => self.malloc_in_pool_last_resort(size, shard, id)?,
+            Err(e) => return Err(self.malloc_failed(e, size)),
+        };
+        self.shared.history.emit(|| TraceEvent {
+            action: TraceAction::Alloc,
+            device: self.index,
+            address: ptr as u64,
+            size,
+            stream,
+            pool: Some(id),
+        });
+        Ok(ptr)
     }
 
     /// `malloc_in_pool` once only the other streams' caches can help: they are
@@ -293,7 +303,8 @@ impl CachingAllocator {
     /// `setCheckpointPoolState`): frees every allocation of the pool now, re-carves
     /// each checkpointed segment into exactly its checkpointed blocks, and makes the
     /// blocks allocated at the checkpoint live allocations again (counted as
-    /// allocations). Fails with nothing changed when the pool is not live, a
+    /// allocations). Completed events of pending frees are taken in first. Fails with
+    /// nothing changed when the pool is not live, a
     /// checkpointed segment is gone, a free of the pool still waits for another
     /// stream's work, or an allocation of the pool was recorded on another stream
     /// outside a capture.
@@ -318,6 +329,10 @@ impl CachingAllocator {
             })?;
         }
         let shards = self.shards.all();
+        // Completed events taken in first (no host wait), as for a checkpoint.
+        for s in &shards {
+            self.with_shard(s, |st| st.process_events());
+        }
         let mut states: Vec<_> = shards.iter().map(|s| s.lock()).collect();
         let delta = restore_locked(&mut states, &shards, checkpoint);
         for (shard, st) in shards.iter().zip(&states) {

@@ -21,6 +21,7 @@ mod mstx;
 mod pickle;
 mod policy;
 mod pool_lifetime;
+mod pool_props;
 #[cfg(feature = "cli")]
 mod pressure;
 #[cfg(feature = "cli")]

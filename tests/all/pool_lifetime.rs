@@ -75,7 +75,10 @@ fn a_keeper_capture_keeps_its_pool_live_across_a_warm_up_release() {
         .expect("the keeper still holds the pool");
     let x = a.malloc(MIB, cap).unwrap();
     assert_eq!(
-        a.segments().iter().find(|s| s.stream == cap).map(|s| s.pool_id),
+        a.segments()
+            .iter()
+            .find(|s| s.stream == cap)
+            .map(|s| s.pool_id),
         Some(Some(pool))
     );
     a.end_allocate_to_pool(pool).unwrap();
