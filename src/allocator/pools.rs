@@ -436,6 +436,42 @@ impl CachingAllocator {
         Ok(false)
     }
 
+    /// torch_npu's `eraseStream(ptr, stream)`: forgets the use of `stream` by the live
+    /// allocation `ptr` only if the allocation's stream (its caller's: a lent block's
+    /// borrower) is `current`, the stream now ordered after `stream`'s work; else
+    /// nothing changes. An unknown pointer is an error.
+    pub fn erase_stream_if_current(
+        &self,
+        ptr: DevicePtr,
+        stream: StreamHandle,
+        current: StreamHandle,
+    ) -> Result<(), Error> {
+        self.with_owner(ptr, None, |_, st, id| {
+            let b = &st.blocks[id];
+            if b.borrower().unwrap_or(b.stream) != current {
+                return Ok(());
+            }
+            st.erase_stream(id, ptr, stream)
+        })
+        .unwrap_or(Err(Error::UnknownPointer { ptr }))
+    }
+
+    /// The memory fraction in force (torch's `getMemoryFraction`): the cap over the
+    /// device's total memory, 1.0 when none is set.
+    pub fn memory_fraction(&self) -> Result<f64, Error> {
+        match self.shared.allowed_max() {
+            None => Ok(1.0),
+            Some(cap) => {
+                let total = self.device.mem_info(self.index)?.total;
+                Ok(if total == 0 {
+                    1.0
+                } else {
+                    cap as f64 / total as f64
+                })
+            }
+        }
+    }
+
     /// The live pools with their use counts, in id order.
     pub fn live_pools(&self) -> Vec<(MempoolId, u32)> {
         self.shared.pools.live()

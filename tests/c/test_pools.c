@@ -357,6 +357,39 @@ static void test_hccl(void) {
 #undef STATE_OF
 }
 
+/* eraseStream's rule: only from the allocation's own (current) stream. */
+static void test_erase_on_current_and_fraction(void) {
+  npualloc_stream own = NULL, other = NULL;
+  CHECK(ctl_create_stream(0, &own) == NPUALLOC_OK);
+  CHECK(ctl_create_stream(0, &other) == NPUALLOC_OK);
+  void *p = npualloc_malloc(4096, 0, own);
+  npualloc_record_stream(p, other);
+  CHECK(ctl_launch(0, other, 1) == NPUALLOC_OK);
+  CHECK(npualloc_erase_stream_on_current((char *)p + 512, other, own) == NPUALLOC_ERR_UNKNOWN_POINTER);
+  CHECK(npualloc_erase_stream_on_current(p, other, other) == NPUALLOC_OK); /* not its stream */
+  ctl_counters c0, c1, c2;
+  CHECK(ctl_get_counters(0, &c0) == NPUALLOC_OK);
+  CHECK(npualloc_erase_stream_on_current(p, other, own) == NPUALLOC_OK);
+  npualloc_free(p, 0, 0, own); /* no use left: no event */
+  CHECK(ctl_get_counters(0, &c1) == NPUALLOC_OK);
+  CHECK(c1.event_records == c0.event_records);
+  void *q = npualloc_malloc(4096, 0, own);
+  npualloc_record_stream(q, other);
+  CHECK(npualloc_erase_stream_on_current(q, other, other) == NPUALLOC_OK);
+  npualloc_free(q, 0, 0, own); /* the use stayed: one event */
+  CHECK(ctl_get_counters(0, &c2) == NPUALLOC_OK);
+  CHECK(c2.event_records == c1.event_records + 1);
+  CHECK(ctl_complete(0, other) == NPUALLOC_OK);
+
+  double f = 0;
+  CHECK(npualloc_get_memory_fraction(1, NULL) == NPUALLOC_ERR_INVALID_ARGUMENT);
+  CHECK(npualloc_get_memory_fraction(1, &f) == NPUALLOC_OK && f == 1.0);
+  npualloc_set_memory_fraction(0.5, 1);
+  CHECK(npualloc_get_memory_fraction(1, &f) == NPUALLOC_OK && f > 0.4999 && f < 0.5001);
+  CHECK(npualloc_get_memory_fraction(4, &f) == NPUALLOC_ERR_INVALID_DEVICE);
+  CHECK(npualloc_check_invariants(0) == NPUALLOC_OK);
+}
+
 int main(void) {
   test_use_counts();
   test_captures();
@@ -364,6 +397,7 @@ int main(void) {
   test_views();
   test_history();
   test_hccl();
+  test_erase_on_current_and_fraction();
   CHECK(npualloc_check_invariants(0) == NPUALLOC_OK);
   return REPORT("c-pools");
 }
