@@ -4,7 +4,7 @@
  *
  * Functions returning int return NPUALLOC_OK (0) or an NPUALLOC_ERR_* code and leave a
  * message in npualloc_last_error(). No function aborts, panics across the boundary, or
- * prints. See DESIGN section 3 in the repository for the full contract.
+ * prints. The full contract: docs/design.md, "The C ABI contract".
  */
 
 #ifndef NPUALLOC_H
@@ -669,10 +669,11 @@ int npualloc_set_oom_observer(npualloc_oom_observer observer);
 int npualloc_begin_allocate_to_pool(int device, uint64_t id_hi, uint64_t id_lo, npualloc_stream capture_stream);
 
 /**
- * Ends every stream route to the pool (after the capture ended) and the capture marks
- * `npualloc_begin_allocate_to_pool` made; once no capture is underway, frees made
- * during the capture record their events. Adds or drops no use.
- * NPUALLOC_ERR_INVALID_STATE if no stream routes to the pool.
+ * Ends one stream route to the pool (one per `npualloc_begin_allocate_to_pool` or
+ * `npualloc_route_stream_to_pool`; after the capture ended) and the capture mark the
+ * begin made; once no capture is underway, frees made during the capture record their
+ * events. Adds or drops no use. NPUALLOC_ERR_INVALID_STATE if no stream routes to the
+ * pool.
  */
 int npualloc_end_allocate_to_pool(int device, uint64_t id_hi, uint64_t id_lo);
 
@@ -699,6 +700,14 @@ const char *npualloc_last_error(void);
  * NPUALLOC_ERR_UNKNOWN_POINTER.
  */
 int npualloc_record_hccl_work(void *ptr, void *work);
+
+/**
+ * torch_npu's `eraseStream(ptr, stream)`: forgets the use of `stream` by the live
+ * allocation `ptr` only if the allocation was made on `current_stream` (the caller's
+ * current stream, which now waits for `stream`'s work); otherwise nothing changes. An
+ * unknown pointer gives NPUALLOC_ERR_UNKNOWN_POINTER.
+ */
+int npualloc_erase_stream_on_current(void *ptr, npualloc_stream stream, npualloc_stream current_stream);
 
 /**
  * torch_npu's `eraseStreamWithBlockPtr(block, stream, work)`: if the allocation at
@@ -760,7 +769,7 @@ int npualloc_pool_begin(int device, uint64_t id_hi, uint64_t id_lo, npualloc_str
 int npualloc_pool_use_count(int device, uint64_t id_hi, uint64_t id_lo, int64_t *out);
 
 /**
- * Routes allocations on `stream` to the live pool until
+ * Routes allocations on `stream` to the live pool until (one call of)
  * `npualloc_end_allocate_to_pool`, adding no use and marking no capture (a route
  * without a capture: graph trees' warm-up, `use_mem_pool`). A pool that is not live
  * gives NPUALLOC_ERR_UNKNOWN_POOL; a stream already routed NPUALLOC_ERR_INVALID_STATE.
@@ -856,6 +865,13 @@ int npualloc_empty_cache_pool(int device, uint64_t id_hi, uint64_t id_lo);
  * `*cached_and_free` and the largest one in `*largest_block` (torch's `cacheInfo`).
  */
 int npualloc_cache_info(int device, size_t *cached_and_free, size_t *largest_block);
+
+/**
+ * Stores the memory fraction of `device` in `*out` (torch's `getMemoryFraction`): the
+ * cap set by `npualloc_set_memory_fraction` or `per_process_memory_fraction` over the
+ * device's total memory, 1.0 when none is set.
+ */
+int npualloc_get_memory_fraction(int device, double *out);
 
 /**
  * Zeroes the accumulated statistics of `device` (`allocated` and `freed` counts, the

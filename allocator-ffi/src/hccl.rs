@@ -37,6 +37,30 @@ pub extern "C" fn npualloc_record_hccl_work(ptr: *mut c_void, work: *mut c_void)
     })
 }
 
+/// torch_npu's `eraseStream(ptr, stream)`: forgets the use of `stream` by the live
+/// allocation `ptr` only if the allocation was made on `current_stream` (the caller's
+/// current stream, which now waits for `stream`'s work); otherwise nothing changes. An
+/// unknown pointer gives NPUALLOC_ERR_UNKNOWN_POINTER.
+#[no_mangle]
+pub extern "C" fn npualloc_erase_stream_on_current(
+    ptr: *mut c_void,
+    stream: npualloc_stream,
+    current_stream: npualloc_stream,
+) -> c_int {
+    code("npualloc_erase_stream_on_current", || {
+        let rt = runtime()?;
+        let p = ptr as usize;
+        let owner = rt
+            .owner_of(p, None)
+            .ok_or(npualloc_core::Error::UnknownPointer { ptr: p })?;
+        Ok(owner.erase_stream_if_current(
+            p,
+            StreamHandle(stream as usize),
+            StreamHandle(current_stream as usize),
+        )?)
+    })
+}
+
 /// torch_npu's `eraseStreamWithBlockPtr(block, stream, work)`: if the allocation at
 /// `ptr` (live, or freed and waiting for other streams) belongs to `current_stream`
 /// (the caller's current stream, which now waits for the work) and `work` is the last

@@ -394,6 +394,22 @@ pub extern "C" fn npualloc_cache_info(
     })
 }
 
+/// Stores the memory fraction of `device` in `*out` (torch's `getMemoryFraction`): the
+/// cap set by `npualloc_set_memory_fraction` or `per_process_memory_fraction` over the
+/// device's total memory, 1.0 when none is set.
+#[no_mangle]
+pub extern "C" fn npualloc_get_memory_fraction(device: c_int, out: *mut f64) -> c_int {
+    code("npualloc_get_memory_fraction", || {
+        if out.is_null() {
+            return Err(null_arg("out"));
+        }
+        let f = runtime()?.allocator(device)?.memory_fraction()?;
+        // SAFETY: `out` is a non-NULL pointer to a caller-owned, writable double.
+        unsafe { out.write(f) };
+        Ok(())
+    })
+}
+
 /// Zeroes the accumulated statistics of `device` (`allocated` and `freed` counts, the
 /// event counters; torch's `resetAccumulatedStats`); current values and peaks stay.
 #[no_mangle]

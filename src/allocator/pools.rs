@@ -23,6 +23,7 @@
 use rustc_hash::FxHashSet;
 
 use super::graph_pools::{check_id, NO_POOL};
+use super::history::{TraceAction, TraceEvent};
 use super::shard::{CheckpointSegment, NoPeers, ShardState};
 use super::{CachingAllocator, OtherShards, Shard};
 use crate::device::{DeviceIndex, DevicePtr, MempoolId, StreamHandle};
@@ -108,11 +109,13 @@ impl CachingAllocator {
     pub fn begin_allocate_to_pool(&self, id: MempoolId, stream: StreamHandle) -> Result<(), Error> {
         check_id(id)?;
         let (_, shard) = self.shard(stream)?;
-        if let Some(t) = shard.lock().capture.routed() {
+        let routed = {
             let st = shard.lock();
+            st.pool_id(st.capture.routed())
+        };
+        if let Some(p) = routed {
             return Err(Error::InvalidState(format!(
-                "this stream is already allocating to pool {:?}",
-                st.capture.id_of(t)
+                "this stream is already allocating to pool {p:?}"
             )));
         }
         // No event may be recorded on the stream while it captures: from now on no
@@ -186,11 +189,20 @@ impl CachingAllocator {
             shared: &self.shared,
         };
         let found = self.with_shard(shard, |st| st.malloc_in(id, size, false, &peers));
-        match found {
-            Ok(Some(ptr)) => Ok(ptr),
-            Ok(None) => self.malloc_in_pool_last_resort(size, shard, id),
-            Err(e) => Err(self.malloc_failed(e, size)),
-        }
+        let ptr = match found {
+            Ok(Some(ptr)) => ptr,
+            Ok(None) => self.malloc_in_pool_last_resort(size, shard, id)?,
+            Err(e) => return Err(self.malloc_failed(e, size)),
+        };
+        self.shared.history.emit(|| TraceEvent {
+            action: TraceAction::Alloc,
+            device: self.index,
+            address: ptr as u64,
+            size,
+            stream,
+            pool: Some(id),
+        });
+        Ok(ptr)
     }
 
     /// `malloc_in_pool` once only the other streams' caches can help: they are
@@ -291,7 +303,8 @@ impl CachingAllocator {
     /// `setCheckpointPoolState`): frees every allocation of the pool now, re-carves
     /// each checkpointed segment into exactly its checkpointed blocks, and makes the
     /// blocks allocated at the checkpoint live allocations again (counted as
-    /// allocations). Fails with nothing changed when the pool is not live, a
+    /// allocations). Completed events of pending frees are taken in first. Fails with
+    /// nothing changed when the pool is not live, a
     /// checkpointed segment is gone, a free of the pool still waits for another
     /// stream's work, or an allocation of the pool was recorded on another stream
     /// outside a capture.
@@ -316,6 +329,10 @@ impl CachingAllocator {
             })?;
         }
         let shards = self.shards.all();
+        // Completed events taken in first (no host wait), as for a checkpoint.
+        for s in &shards {
+            self.with_shard(s, |st| st.process_events());
+        }
         let mut states: Vec<_> = shards.iter().map(|s| s.lock()).collect();
         let delta = restore_locked(&mut states, &shards, checkpoint);
         for (shard, st) in shards.iter().zip(&states) {
@@ -417,6 +434,42 @@ impl CachingAllocator {
             }
         }
         Ok(false)
+    }
+
+    /// torch_npu's `eraseStream(ptr, stream)`: forgets the use of `stream` by the live
+    /// allocation `ptr` only if the allocation's stream (its caller's: a lent block's
+    /// borrower) is `current`, the stream now ordered after `stream`'s work; else
+    /// nothing changes. An unknown pointer is an error.
+    pub fn erase_stream_if_current(
+        &self,
+        ptr: DevicePtr,
+        stream: StreamHandle,
+        current: StreamHandle,
+    ) -> Result<(), Error> {
+        self.with_owner(ptr, None, |_, st, id| {
+            let b = &st.blocks[id];
+            if b.borrower().unwrap_or(b.stream) != current {
+                return Ok(());
+            }
+            st.erase_stream(id, ptr, stream)
+        })
+        .unwrap_or(Err(Error::UnknownPointer { ptr }))
+    }
+
+    /// The memory fraction in force (torch's `getMemoryFraction`): the cap over the
+    /// device's total memory, 1.0 when none is set.
+    pub fn memory_fraction(&self) -> Result<f64, Error> {
+        match self.shared.allowed_max() {
+            None => Ok(1.0),
+            Some(cap) => {
+                let total = self.device.mem_info(self.index)?.total;
+                Ok(if total == 0 {
+                    1.0
+                } else {
+                    cap as f64 / total as f64
+                })
+            }
+        }
     }
 
     /// The live pools with their use counts, in id order.

@@ -2,7 +2,7 @@
 //! captures sharing a pool, release, deferred events, statistics.
 
 use npualloc::allocator::BlockState;
-use npualloc::{Error, MempoolId, Stat, StatType, StreamHandle};
+use npualloc::{Error, MempoolId, Stat, StatType};
 
 use crate::common::*;
 
@@ -105,7 +105,11 @@ fn frees_with_stream_uses_wait_for_the_end_of_the_capture() {
         1,
         "one event: `pre`'s use from before the capture"
     );
-    let pool_seg = a.segments().into_iter().find(|g| g.pool_id == Some(P)).unwrap();
+    let pool_seg = a
+        .segments()
+        .into_iter()
+        .find(|g| g.pool_id == Some(P))
+        .unwrap();
     assert_eq!(pool_seg.blocks[0].state, BlockState::Inactive);
     a.begin_allocate_to_pool(P, s).unwrap();
     let y = a.malloc(4096, s).unwrap();

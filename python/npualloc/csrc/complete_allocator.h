@@ -262,24 +262,6 @@ inline int free_reporting(void* ptr) {
   return watch.failed() ? NPUALLOC_ERR_UNKNOWN_POINTER : NPUALLOC_OK;
 }
 
-// The memory fraction set per device (getMemoryFraction), 1.0 until set.
-class Fractions {
- public:
-  double get(int device) {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = values_.find(device);
-    return it == values_.end() ? 1.0 : it->second;
-  }
-  void set(int device, double fraction) {
-    std::lock_guard<std::mutex> lock(mu_);
-    values_[device] = fraction;
-  }
-
- private:
-  std::mutex mu_;
-  std::unordered_map<int, double> values_;
-};
-
 // ---- history -----------------------------------------------------------------------
 
 // The context gathered by the current call, for the trace callback on this thread.

@@ -81,7 +81,6 @@ struct Engine {
   npualloc_shim::PoolRouter<cudaStream_t> router;
   npualloc_shim::History<CudaTraits> history;
   npualloc_shim::OomObservers<CCA::OutOfMemoryObserver> oom;
-  npualloc_shim::Fractions fractions;
   c10::ApproximateClockToUnixTimeConverter clock;
   std::mutex annotations_mu;
   std::vector<c10::CachingDeviceAllocator::AnnotationEntry> annotations;
@@ -214,8 +213,9 @@ class NpuallocCudaAllocator final : public CCA::CUDAAllocator {
   }
 
   double getMemoryFraction(c10::DeviceIndex device) override {
-    check_device(device, "getMemoryFraction");
-    return engine().fractions.get(device);
+    double f = 1.0;
+    check(npualloc_get_memory_fraction(device, &f), "getMemoryFraction");
+    return f;
   }
 
   void setMemoryFraction(double fraction, c10::DeviceIndex device) override {
@@ -225,7 +225,6 @@ class NpuallocCudaAllocator final : public CCA::CUDAAllocator {
     npualloc_shim::FailureWatch watch;
     npualloc_set_memory_fraction(fraction, device);
     if (watch.failed()) check(NPUALLOC_ERR_INVALID_ARGUMENT, "setMemoryFraction");
-    engine().fractions.set(device, fraction);
   }
 
   // The mapped size of each expandable segment of the device, with its stream.

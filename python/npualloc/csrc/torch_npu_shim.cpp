@@ -31,7 +31,7 @@
 //   HCCL work that last used it (recordHcclWorkForBlock) and erases the HCCL stream's
 //   use only if that work is still the block's and the block was allocated on the
 //   current stream (eraseStreamWithBlockPtr), as torch_npu's allocator does.
-// - runtime hooks (DESIGN section 2, the task-queue hazard): torch_npu launches kernels
+// - runtime hooks (docs/design.md, "The host framework's task queue"): torch_npu launches kernels
 //   through a host task queue, so an event recorded straight with aclrtRecordEvent
 //   could land before kernels still waiting there. Before recording, the event hook
 //   drains the queue holding the stream's work: NPUStream::stream() (exported) empties
@@ -157,7 +157,6 @@ struct Engine {
   npualloc_shim::PoolRouter<aclrtStream> router;
   npualloc_shim::History<NpuTraits> history;
   npualloc_shim::OomObservers<NPU::OutOfMemoryObserver> oom;
-  npualloc_shim::Fractions fractions;
   std::atomic<bool> initialized{false};
 };
 
@@ -299,8 +298,9 @@ class NpuallocAllocator final : public NPU::NPUAllocator {
   }
 
   double getMemoryFraction(int device) override {
-    check_device(device, "getMemoryFraction");
-    return engine().fractions.get(device);
+    double f = 1.0;
+    check(npualloc_get_memory_fraction(device, &f), "getMemoryFraction");
+    return f;
   }
 
   void setMemoryFraction(double fraction, int device) override {
@@ -310,7 +310,6 @@ class NpuallocAllocator final : public NPU::NPUAllocator {
     npualloc_shim::FailureWatch watch;
     npualloc_set_memory_fraction(fraction, device);
     if (watch.failed()) check(NPUALLOC_ERR_INVALID_ARGUMENT, "setMemoryFraction");
-    engine().fractions.set(device, fraction);
   }
 
   void emptyCacheImpl(bool check_error, bool free_physical) override {
@@ -353,7 +352,12 @@ class NpuallocAllocator final : public NPU::NPUAllocator {
       TORCH_WARN_ONCE("npualloc: eraseStream: the tensor's memory is not npualloc's; nothing erased");
       return;
     }
-    npualloc_erase_stream(ptr.get_context(), stream.stream(false));
+    // torch_npu's rule: only when the block was allocated on the current stream (the one
+    // HCCL's wait was queued on); otherwise a new tensor there could reuse the block
+    // before the collective completed.
+    int device = stream.device_index();
+    check(npualloc_erase_stream_on_current(ptr.get_context(), stream.stream(false), current_stream(device)),
+          "eraseStream");
   }
 
   void eraseStreamWithBlockPtr(void* block_ptr, c10_npu::NPUStream stream, void* work_ptr) override {

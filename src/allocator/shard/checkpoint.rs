@@ -20,6 +20,7 @@
 //!   never has two free neighbours, so the free lists' no-free-neighbours rule holds).
 
 use super::ShardState;
+use crate::allocator::history::{TraceAction, TraceEvent};
 use crate::allocator::totals::Kind;
 use crate::device::{DevicePtr, MempoolId, StreamHandle};
 use crate::error::Error;
@@ -221,7 +222,11 @@ impl ShardState {
             // Only uses recorded during a capture are left: captured work, which the
             // graph orders (`check_restorable`).
             self.blocks[b].stream_uses.clear();
-            self.free(b);
+            if self.shared.history.on() {
+                self.free_traced(b);
+            } else {
+                self.free(b);
+            }
         }
         self.finish_merge();
         freed
@@ -255,6 +260,14 @@ impl ShardState {
                 self.count_restored(b);
                 self.ptrs.insert(cb.ptr, b);
                 allocated.push((cb.ptr, cb.size));
+                self.shared.history.emit(|| TraceEvent {
+                    action: TraceAction::Alloc,
+                    device: self.index,
+                    address: cb.ptr as u64,
+                    size: cb.size,
+                    stream: seg.stream,
+                    pool: Some(id),
+                });
             } else {
                 self.blocks[b].phase = Phase::Free;
                 self.pool_insert(b);
