@@ -17,8 +17,10 @@
 //! - captures underway (`capture_begin` / `capture_end`) stop every event call and
 //!   device free of the allocator; when the last one ends, the frees deferred meanwhile
 //!   record their events;
-//! - a restore either fails with nothing changed or puts every checkpointed segment
-//!   back block for block (all shards locked, in creation order, for its duration).
+//! - a restore either fails with nothing changed (or, on a device error while waiting
+//!   for the pool's frees, with the pool's allocations freed) or puts every
+//!   checkpointed segment back block for block (all shards locked, in creation order,
+//!   for its duration).
 
 use rustc_hash::FxHashSet;
 
@@ -278,15 +280,21 @@ impl CachingAllocator {
 
     /// The state of live pool `id` (PyTorch's `getCheckpointState`): every segment of
     /// the pool, on every stream, with its blocks. Frees deferred by captures first
-    /// record their events (when none is underway) and completed events are taken in;
-    /// a pool with frees still waiting for other streams' work, or with expandable
-    /// segments, is refused.
+    /// record their events, and the pool's pending frees are waited for (PyTorch
+    /// requires them complete; `shard/checkpoint.rs`). Refused while a capture is
+    /// underway, and for a pool with expandable segments.
     pub fn pool_checkpoint(&self, id: MempoolId) -> Result<PoolCheckpoint, Error> {
         self.shared.pools.require_live(id, "cannot checkpoint it")?;
+        if self.shared.capture_underway() {
+            return Err(Error::InvalidState(format!(
+                "pool {id:?} cannot be checkpointed while a graph capture is underway"
+            )));
+        }
         let mut segments = Vec::new();
         for shard in self.shards.all() {
             let part = self.with_shard(shard, |st| {
                 st.process_events();
+                st.settle_pool_waits(id)?;
                 st.pool_segments(id)
             })?;
             segments.extend(part);
@@ -303,11 +311,10 @@ impl CachingAllocator {
     /// `setCheckpointPoolState`): frees every allocation of the pool now, re-carves
     /// each checkpointed segment into exactly its checkpointed blocks, and makes the
     /// blocks allocated at the checkpoint live allocations again (counted as
-    /// allocations). Completed events of pending frees are taken in first. Fails with
-    /// nothing changed when the pool is not live, a
-    /// checkpointed segment is gone, a free of the pool still waits for another
-    /// stream's work, or an allocation of the pool was recorded on another stream
-    /// outside a capture.
+    /// allocations). Frees of allocations used on other streams are waited for, as the
+    /// pool's other pending frees. Fails with nothing changed when the pool is not live,
+    /// a checkpointed segment is gone, or a capture is underway; a device error while
+    /// waiting is reported with the pool's allocations freed.
     pub fn pool_restore(&self, checkpoint: &PoolCheckpoint) -> Result<RestoreDelta, Error> {
         let id = checkpoint.id;
         if checkpoint.device != self.index {
@@ -317,6 +324,11 @@ impl CachingAllocator {
             )));
         }
         self.shared.pools.require_live(id, "cannot restore it")?;
+        if self.shared.capture_underway() {
+            return Err(Error::InvalidState(format!(
+                "pool {id:?} cannot be restored while a graph capture is underway"
+            )));
+        }
         for s in &checkpoint.segments {
             // Fails for a stream this allocator never served.
             self.shards.get(s.stream).ok_or_else(|| {
@@ -498,6 +510,9 @@ fn restore_locked(
     let mut delta = RestoreDelta::default();
     for st in states.iter_mut() {
         delta.freed.extend(st.free_pool_allocations(id));
+    }
+    for st in states.iter_mut() {
+        st.settle_pool_waits(id)?;
     }
     for seg in &checkpoint.segments {
         let i = of(seg.stream).expect("checked by pool_restore");

@@ -6,11 +6,12 @@
 //! and what the allocator shows equals the model: each pool's use count, each pool's
 //! live allocations, whether a capture is underway; a cache release keeps every
 //! segment of a live pool and gives back those of a pool with no use and nothing
-//! allocated or pending; a restore frees exactly the pool's allocations, brings back
+//! allocated (its pending frees are waited for); a checkpoint lists exactly the pool's
+//! live allocations; a restore frees exactly the pool's allocations, brings back
 //! exactly the checkpoint's allocated blocks, and leaves the checkpointed segments
 //! carved into exactly the checkpointed blocks.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 
 use proptest::prelude::*;
 
@@ -109,19 +110,7 @@ fn op() -> impl Strategy<Value = Op> {
 /// A live allocation in the model.
 struct Live {
     ptr: usize,
-    stream: usize,
     pool: Option<usize>,
-    /// Streams recorded (other than its own), and whether while a capture was underway.
-    uses: Vec<(usize, bool)>,
-}
-
-/// A free waiting for other streams' work.
-struct Pending {
-    pool: Option<usize>,
-    /// The streams whose events it waits for; `None` while deferred by a capture (its
-    /// uses from outside captures then become the streams).
-    waits: Option<BTreeSet<usize>>,
-    outside: BTreeSet<usize>,
 }
 
 #[derive(Default)]
@@ -131,7 +120,6 @@ struct Model {
     /// The pool each stream routes to.
     routes: [Option<usize>; STREAMS],
     live: Vec<Live>,
-    pending: Vec<Pending>,
     /// Checkpoints of pools live since they were taken.
     saved: Vec<(usize, PoolCheckpoint)>,
 }
@@ -145,12 +133,6 @@ impl Model {
             .collect()
     }
 
-    fn pool_pending(&self, pool: usize) -> bool {
-        self.pending
-            .iter()
-            .any(|p| p.pool == Some(pool) && p.waits.as_ref().is_none_or(|w| !w.is_empty()))
-    }
-
     fn release(&mut self, pool: usize) {
         self.uses[pool] -= 1;
         if self.uses[pool] == 0 {
@@ -160,15 +142,6 @@ impl Model {
 
     fn end_capture(&mut self) {
         self.captures -= 1;
-        if self.captures == 0 {
-            for p in &mut self.pending {
-                if p.waits.is_none() {
-                    p.waits = Some(p.outside.clone());
-                }
-            }
-        }
-        self.pending
-            .retain(|p| p.waits.as_ref().is_none_or(|w| !w.is_empty()));
     }
 }
 
@@ -183,9 +156,8 @@ fn pool_segments(a: &CachingAllocator, pool: usize) -> BTreeSet<usize> {
         .collect()
 }
 
-/// Without lending and device-side waits (covered by their own tests), a free's events
-/// complete exactly when the streams it was used on run (`Complete`) or a cache release
-/// synchronises: the model can tell when a pool has pending frees.
+/// Without lending and device-side waits (covered by their own tests): a cache release
+/// then leaves nothing of a pool with no use and no allocation.
 const CONF: &str = "lend_segments:False,lend_blocks:False,wait_before_growth:False";
 
 fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
@@ -274,12 +246,7 @@ fn step(
         Op::Malloc { size, stream } => {
             let ptr = a.malloc(size, ss[stream]).unwrap();
             let pool = m.routes[stream];
-            m.live.push(Live {
-                ptr,
-                stream,
-                pool,
-                uses: Vec::new(),
-            });
+            m.live.push(Live { ptr, pool });
         }
         Op::MallocIn { size, stream, pool } => {
             let r = a.malloc_in_pool(size, ss[stream], POOLS[pool]);
@@ -288,9 +255,7 @@ fn step(
             } else {
                 m.live.push(Live {
                     ptr: r.unwrap(),
-                    stream,
                     pool: Some(pool),
-                    uses: Vec::new(),
                 });
             }
         }
@@ -300,23 +265,6 @@ fn step(
             }
             let l = m.live.swap_remove(pick % m.live.len());
             a.free(l.ptr).unwrap();
-            if l.uses.is_empty() {
-                return Ok(());
-            }
-            let outside: BTreeSet<usize> = l.uses.iter().filter(|u| !u.1).map(|u| u.0).collect();
-            let waits = if m.captures > 0 {
-                None
-            } else {
-                Some(l.uses.iter().map(|u| u.0).collect())
-            };
-            if m.captures > 0 && outside.is_empty() {
-                return Ok(()); // only captured work used it: free once the capture ends
-            }
-            m.pending.push(Pending {
-                pool: l.pool,
-                waits,
-                outside,
-            });
         }
         Op::Record { pick, stream } => {
             if m.live.is_empty() {
@@ -324,23 +272,13 @@ fn step(
             }
             let i = pick % m.live.len();
             a.record_stream(m.live[i].ptr, ss[stream]).unwrap();
-            let l = &mut m.live[i];
-            if stream != l.stream && !l.uses.iter().any(|u| u.0 == stream) {
-                l.uses.push((stream, m.captures > 0));
-            }
+            sim.launch(0, ss[stream], |_| {}).unwrap(); // work that uses it
         }
         Op::Complete { stream } => {
             if m.captures > 0 {
                 return Ok(()); // no host synchronisation during a capture
             }
             sim.complete_stream(0, ss[stream]).unwrap();
-            for p in &mut m.pending {
-                if let Some(w) = &mut p.waits {
-                    w.remove(&stream);
-                }
-            }
-            m.pending
-                .retain(|p| p.waits.as_ref().is_none_or(|w| !w.is_empty()));
         }
         Op::EmptyCache => {
             let before: Vec<_> = (0..POOLS.len()).map(|p| pool_segments(a, p)).collect();
@@ -349,13 +287,9 @@ fn step(
                 let after = pool_segments(a, p);
                 if m.uses[p] > 0 || m.captures > 0 {
                     prop_assert!(after.is_superset(segs), "pool {} lost a segment", p);
-                } else if m.pool_set(p).is_empty() && !m.pool_pending(p) {
+                } else if m.pool_set(p).is_empty() {
                     prop_assert!(after.is_empty(), "pool {} kept {:?}", p, after);
                 }
-            }
-            if m.captures == 0 {
-                // Every pending free was synchronised.
-                m.pending.clear();
             }
         }
         Op::Checkpoint { pool } => {
@@ -365,8 +299,6 @@ fn step(
             let r = a.pool_checkpoint(POOLS[pool]);
             if m.uses[pool] == 0 {
                 prop_assert!(matches!(r, Err(Error::UnknownPool { .. })), "{:?}", r);
-            } else if m.pool_pending(pool) {
-                prop_assert!(matches!(r, Err(Error::InvalidState(_))), "{:?}", r);
             } else {
                 let c = r.unwrap();
                 let allocated: BTreeSet<usize> = c
@@ -383,16 +315,7 @@ fn step(
                 return Ok(());
             }
             let (pool, c) = m.saved[pick % m.saved.len()].clone();
-            let outside_use = m
-                .live
-                .iter()
-                .any(|l| l.pool == Some(pool) && l.uses.iter().any(|u| !u.1));
-            let r = a.pool_restore(&c);
-            if outside_use || m.pool_pending(pool) {
-                prop_assert!(matches!(r, Err(Error::InvalidState(_))), "{:?}", r);
-                return Ok(());
-            }
-            let delta = r.unwrap();
+            let delta = a.pool_restore(&c).unwrap();
             let freed: BTreeSet<usize> = delta.freed.iter().copied().collect();
             prop_assert_eq!(freed, m.pool_set(pool));
             let want: Vec<(usize, usize)> = c
@@ -406,21 +329,11 @@ fn step(
                 })
                 .collect();
             prop_assert_eq!(&delta.allocated, &want);
-            let stream_of: HashMap<usize, usize> = c
-                .segments()
-                .iter()
-                .flat_map(|s| {
-                    let i = ss.iter().position(|&x| x == s.stream).unwrap();
-                    s.blocks.iter().map(move |b| (b.ptr, i))
-                })
-                .collect();
             m.live.retain(|l| l.pool != Some(pool));
             for (ptr, _) in want {
                 m.live.push(Live {
                     ptr,
-                    stream: stream_of[&ptr],
                     pool: Some(pool),
-                    uses: Vec::new(),
                 });
             }
             // The checkpointed segments hold exactly the checkpointed blocks; segments
@@ -440,7 +353,7 @@ fn step(
                 let mut more = set.clone();
                 more.push(1);
                 prop_assert!(!a.pool_check_live(POOLS[pool], &more).unwrap());
-            } else if m.uses[pool] == 0 && !m.pool_pending(pool) {
+            } else if m.uses[pool] == 0 {
                 let known = !pool_segments(a, pool).is_empty();
                 prop_assert_eq!(a.pool_check_live(POOLS[pool], &[]).is_ok(), known);
             }

@@ -15,9 +15,11 @@
 //! - cached segments of a live pool never go back to the device;
 //! - while a capture is underway on the device, a free of a block used on other
 //!   streams records no event: the free is deferred, and once no capture is underway
-//!   its events are recorded for the streams recorded before the capture (uses
-//!   recorded during a capture belong to captured work, which the graph orders; PyTorch's
-//!   `needs_events_deferred_until_no_capture` and `block_to_cudagraph_stream_uses`).
+//!   its events are recorded (PyTorch's `needs_events_deferred_until_no_capture`). For
+//!   every stream it was used on: PyTorch drops the uses recorded from a capturing
+//!   stream, but a device-wide capture count cannot tell those from uses by eager work
+//!   on other streams during the capture, which must be waited for (an event recorded
+//!   on a stream whose captured work never runs eagerly completes at once).
 //!
 //! Invariants:
 //! - pool tag 0 is the stream's own pool; tag `t > 0` names `ids[t - 1]`, and a tag,
@@ -25,23 +27,15 @@
 //! - `current` is `routed` except during a request's malloc;
 //! - every deferred free holds one wait (`Phase::Awaiting`) until its events are
 //!   recorded, and still lists its stream uses;
-//! - `captured_uses` has entries only for blocks allocated or deferred, each a subset
-//!   of the block's stream uses;
 //! - every change of a private pool's device memory (a segment allocated or released,
 //!   pages mapped or unmapped) goes through `note_device_memory`, so the device-wide
 //!   `Shared::private_reserved` equals the bytes of the pool's blocks over all shards.
 
-use rustc_hash::FxHashMap;
-use smallvec::SmallVec;
-
 use super::{Peers, ShardState};
 use crate::allocator::history::{TraceAction, TraceEvent};
-use crate::device::{DevicePtr, MempoolId, StreamHandle};
+use crate::device::{DevicePtr, MempoolId};
 use crate::error::Error;
 use crate::pool::{BlockId, PoolKind, PoolTag, PrivateTag};
-
-/// The streams a block was recorded on while a capture was underway.
-type Uses = SmallVec<[StreamHandle; 2]>;
 
 /// The graph-pool state of one shard.
 #[derive(Default)]
@@ -56,8 +50,6 @@ pub(crate) struct Capture {
     current: PoolTag,
     /// Frees of blocks used on other streams made while a capture was underway.
     deferred: Vec<BlockId>,
-    /// Stream uses recorded while a capture was underway, by block.
-    captured_uses: FxHashMap<BlockId, Uses>,
 }
 
 impl Capture {
@@ -84,17 +76,6 @@ impl Capture {
     /// The pool this shard's stream routes to, if any.
     pub fn routed(&self) -> PoolTag {
         self.routed
-    }
-
-    /// Whether any captured use is noted (the free path tests this before a lookup).
-    #[inline]
-    pub fn has_captured_uses(&self) -> bool {
-        !self.captured_uses.is_empty()
-    }
-
-    /// Block `id`'s uses noted during captures (empty if none).
-    pub fn captured_uses_of(&self, id: BlockId) -> &[StreamHandle] {
-        self.captured_uses.get(&id).map_or(&[], |u| u.as_slice())
     }
 }
 
@@ -224,36 +205,16 @@ impl ShardState {
         self.capture.deferred.push(id);
     }
 
-    /// Notes that block `id` was recorded on `stream` while a capture is underway (a
-    /// use of captured work, dropped when its deferred free records its events).
-    pub(super) fn note_captured_use(&mut self, id: BlockId, stream: StreamHandle) {
-        let uses = self.capture.captured_uses.entry(id).or_default();
-        if !uses.contains(&stream) {
-            uses.push(stream);
-        }
-    }
-
-    /// Block `id`'s free records its events now, or completed: its captured uses are
-    /// of no further interest.
-    #[inline]
-    pub(super) fn forget_captured_uses(&mut self, id: BlockId) {
-        if self.capture.has_captured_uses() {
-            self.capture.captured_uses.remove(&id);
-        }
-    }
-
     /// Records the events of the frees deferred while a capture was underway, if none
-    /// is now: for the streams the blocks were recorded on before the capture; a block
-    /// with none left is free at once.
+    /// is now.
     pub fn insert_deferred_events(&mut self) {
         if self.capture.deferred.is_empty() || self.capture_underway() {
             return;
         }
         for id in std::mem::take(&mut self.capture.deferred) {
-            let captured = self.capture.captured_uses.remove(&id).unwrap_or_default();
-            let b = &mut self.blocks[id];
-            b.stream_uses.retain(|s| !captured.contains(s));
-            let last = b.end_wait();
+            // The deferral's wait ends; the events' waits begin (its uses may have been
+            // erased meanwhile: then it is free now).
+            let last = self.blocks[id].end_wait();
             if !self.blocks[id].stream_uses.is_empty() {
                 self.insert_events(id);
             } else if last {
@@ -264,7 +225,7 @@ impl ShardState {
 
     /// Releases the cached whole segments of pool `id`, which is no longer live
     /// (PyTorch's `emptyCache(mempool_id)`): its pending frees are waited for first
-    /// (only theirs), then every whole free segment of the pool goes back. Expandable
+    /// (only theirs, `settle_pool_waits`), then every whole free segment of the pool goes back. Expandable
     /// segments' pages of the pool go back at the next full cache release.
     pub fn release_pool_cache(&mut self, id: MempoolId) -> Result<(), Error> {
         let Some(tag) = self.private_tag(id) else {
@@ -272,24 +233,7 @@ impl ShardState {
         };
         debug_assert!(self.pool_releasable(Some(tag)));
         let index = self.index;
-        let mut first_err = None;
-        for s in self.waits.pending.streams() {
-            let blocks = &self.blocks;
-            let taken = self
-                .waits
-                .pending
-                .take_where(s, |b| blocks[b].pool == Some(tag));
-            for (ev, b) in taken {
-                match self.dev.event_synchronize(index, ev) {
-                    Ok(()) => self.waits_ended(vec![(ev, b)]),
-                    Err(e) => {
-                        self.waits.pending.push(s, ev, b);
-                        first_err.get_or_insert(Error::from(e));
-                    }
-                }
-            }
-        }
-        self.finish_merge();
+        let mut first_err = self.settle_pool_waits(id).err();
         let whole: Vec<BlockId> = self
             .pools
             .get(&Some(tag))
@@ -452,7 +396,7 @@ mod tests {
     }
 
     #[test]
-    fn a_free_during_a_capture_records_events_only_for_uses_from_before_it() {
+    fn a_free_during_a_capture_records_its_events_once_no_capture_is_underway() {
         let (sim, mut st) = shard("");
         let (before, during) = (sim.create_stream(0).unwrap(), sim.create_stream(0).unwrap());
         let pool = MempoolId(5, 0);
@@ -468,15 +412,18 @@ mod tests {
         assert_eq!(st.capture.deferred().len(), 2, "no event while capturing");
         assert_eq!(sim.counters(0).event_records, records);
         check(&st);
+        st.shared.pools.capture_begin(); // a second capture: still none
         st.end_allocate_to_pool();
+        assert_eq!(st.capture.deferred().len(), 2);
+        st.shared.pools.capture_end().unwrap();
+        st.insert_deferred_events();
         assert!(st.capture.deferred().is_empty());
         assert_eq!(
             sim.counters(0).event_records,
-            records + 1,
-            "one event, on the stream recorded before the capture"
+            records + 3,
+            "one event per use, recorded during the capture or before it"
         );
-        assert_eq!(st.pending_count(), 1, "p waits for `before`; q is free");
-        assert!(!st.capture.has_captured_uses());
+        assert_eq!(st.pending_count(), 3);
         check(&st);
     }
 }

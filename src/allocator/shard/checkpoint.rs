@@ -8,12 +8,11 @@
 //!
 //! Contract:
 //! - `pool_segments` lists every segment of the pool this shard holds, blocks in address
-//!   order, with no merge deferred; it refuses a pool with frees still waiting for other
-//!   streams' work (PyTorch requires their events to have completed) and one with
-//!   expandable segments (their mapped runs grow and shrink between a checkpoint and
-//!   its restore, so a run's blocks cannot be put back as they were);
+//!   order, with no merge deferred, after `settle_pool_waits` (no block awaiting); it
+//!   refuses a pool with expandable segments (their mapped runs grow and shrink between
+//!   a checkpoint and its restore, so a run's blocks cannot be put back as they were);
 //! - `check_restorable` changes nothing; after it passed, `free_pool_allocations` and
-//!   `restore_segment` cannot fail;
+//!   `restore_segment` cannot fail, and `settle_pool_waits` only with a device error;
 //! - a restored allocation is an ordinary live allocation (in `ptrs`, counted in the
 //!   statistics as an allocation of its full block size), freed by `free`;
 //! - a segment's free blocks stay where the checkpoint had them (a checkpoint taken here
@@ -138,11 +137,60 @@ impl ShardState {
             .collect()
     }
 
-    /// Checks, changing nothing, that pool `id` can be restored to `segments` (this
-    /// shard's part of a checkpoint): no block of the pool here waits for other
-    /// streams' work, no allocation of it was recorded on another stream outside a
-    /// capture (its free would have to wait for that stream), and each checkpointed
-    /// segment is still a segment of the pool here, of the same size.
+    /// Waits for the pending frees of pool `id` in this shard (their events, and a
+    /// device synchronisation for a free whose event could not be recorded), so that
+    /// none of its blocks is awaiting; no capture may be underway (the caller checks).
+    /// A checkpoint or restore lists or re-carves only free and allocated blocks; PyTorch
+    /// requires their events to have completed, npualloc waits for them instead (an
+    /// event recorded after a capture on a stream whose work was captured completes at
+    /// once).
+    pub fn settle_pool_waits(&mut self, id: MempoolId) -> Result<(), Error> {
+        let Some(tag) = self.private_tag(id) else {
+            return Ok(());
+        };
+        debug_assert!(!self.capture_underway());
+        self.insert_deferred_events();
+        let index = self.index;
+        let mut first_err = None;
+        for s in self.waits.pending.streams() {
+            let blocks = &self.blocks;
+            let taken = self
+                .waits
+                .pending
+                .take_where(s, |b| blocks[b].pool == Some(tag));
+            for (ev, b) in taken {
+                match self.dev.event_synchronize(index, ev) {
+                    Ok(()) => self.waits_ended(vec![(ev, b)]),
+                    Err(e) => {
+                        self.waits.pending.push(s, ev, b);
+                        first_err.get_or_insert(Error::from(e));
+                    }
+                }
+            }
+        }
+        let parked: Vec<BlockId> = (self.waits.parked.iter().copied())
+            .filter(|&b| self.blocks[b].pool == Some(tag))
+            .collect();
+        if !parked.is_empty() {
+            match self.dev.synchronize_device(index) {
+                Ok(()) => {
+                    self.waits.parked.retain(|b| !parked.contains(b));
+                    for b in parked {
+                        self.event_done(b);
+                    }
+                }
+                Err(e) => {
+                    first_err.get_or_insert(Error::from(e));
+                }
+            }
+        }
+        self.finish_merge();
+        first_err.map_or(Ok(()), Err)
+    }
+
+    /// Checks, changing nothing, that each checkpointed segment in `segments` (this
+    /// shard's part of a checkpoint of pool `id`) is still a segment of the pool here,
+    /// of the same size and kind, and well formed.
     pub fn check_restorable(
         &mut self,
         id: MempoolId,
@@ -150,34 +198,6 @@ impl ShardState {
     ) -> Result<(), Error> {
         self.finish_merge();
         let tag = self.private_tag(id);
-        for (_, b) in self
-            .blocks
-            .iter()
-            .filter(|(_, b)| b.pool.is_some() && b.pool == tag)
-        {
-            if b.waits() > 0 {
-                return Err(Error::InvalidState(format!(
-                    "pool {id:?}: the free of block {:#x} still waits for work on other \
-                     streams; restore once that work completed",
-                    b.ptr
-                )));
-            }
-        }
-        for (bid, b) in self
-            .blocks
-            .iter()
-            .filter(|(_, b)| b.pool.is_some() && b.pool == tag)
-        {
-            let captured = self.capture.captured_uses_of(bid);
-            if b.is_allocated() && b.stream_uses.iter().any(|s| !captured.contains(s)) {
-                return Err(Error::InvalidState(format!(
-                    "pool {id:?}: allocation {:#x} was recorded on another stream outside \
-                     a capture; free it (or let that stream's work complete and erase the \
-                     use) before restoring the pool",
-                    b.ptr
-                )));
-            }
-        }
         for seg in segments {
             if !seg.well_formed() {
                 return Err(Error::InvalidArgument(format!(
@@ -212,16 +232,12 @@ impl ShardState {
             .map(|(i, _)| i)
     }
 
-    /// Frees every live allocation of pool `id` in this shard (after
-    /// `check_restorable`: each one's free completes at once); returns their
-    /// addresses.
+    /// Frees every live allocation of pool `id` in this shard (those used on other
+    /// streams wait for them: `settle_pool_waits` next); returns their addresses.
     pub fn free_pool_allocations(&mut self, id: MempoolId) -> Vec<DevicePtr> {
         let freed = self.pool_allocations(id);
         for &p in &freed {
             let b = self.ptrs.remove(&p).expect("a live allocation is mapped");
-            // Only uses recorded during a capture are left: captured work, which the
-            // graph orders (`check_restorable`).
-            self.blocks[b].stream_uses.clear();
             if self.shared.history.on() {
                 self.free_traced(b);
             } else {
@@ -232,8 +248,9 @@ impl ShardState {
         freed
     }
 
-    /// Re-carves checkpointed segment `seg` of pool `id` (after `check_restorable` and
-    /// `free_pool_allocations`: the whole segment is one free block) into exactly its
+    /// Re-carves checkpointed segment `seg` of pool `id` (after `check_restorable`,
+    /// `free_pool_allocations` and `settle_pool_waits`: the whole segment is one free
+    /// block) into exactly its
     /// blocks; returns the allocated ones as new allocations (address, size).
     pub fn restore_segment(
         &mut self,
@@ -352,6 +369,7 @@ mod tests {
         let refs: Vec<_> = saved.iter().collect();
         st.check_restorable(POOL, &refs).unwrap();
         let mut freed = st.free_pool_allocations(POOL);
+        st.settle_pool_waits(POOL).unwrap();
         freed.sort_unstable();
         let mut want = vec![a, d, _e];
         want.sort_unstable();
@@ -368,29 +386,36 @@ mod tests {
     }
 
     #[test]
-    fn a_released_segment_or_a_pending_free_refuses_the_restore_and_changes_nothing() {
+    fn pending_frees_of_the_pool_are_waited_for_and_a_moved_segment_is_refused() {
         let (sim, mut st, [a, _b, _c]) = with_three();
         let saved = st.pool_segments(POOL).unwrap();
         let refs: Vec<_> = saved.iter().collect();
         let side = sim.create_stream(0).unwrap();
         let id = *st.ptrs.get(&a).unwrap();
         st.record_stream(id, a, side).unwrap();
-        assert!(matches!(
-            st.check_restorable(POOL, &refs),
-            Err(Error::InvalidState(_))
-        ));
+        sim.launch(0, side, |_| {}).unwrap();
         free(&mut st, a);
         assert!(st.pool_segments(POOL).is_err(), "a free waits for `side`");
-        assert!(st.check_restorable(POOL, &refs).is_err());
-        sim.complete_stream(0, side).unwrap();
-        st.process_events();
+        st.settle_pool_waits(POOL).unwrap();
+        assert_eq!(st.pending_count(), 0);
+        assert_eq!(
+            sim.pending(0, side).unwrap(),
+            0,
+            "the host waited for `side`"
+        );
         st.check_restorable(POOL, &refs).unwrap();
         let mut moved = saved[0].clone();
         moved.blocks[0].ptr += 512;
-        assert!(
-            st.check_restorable(POOL, &[&moved]).is_err(),
-            "malformed or moved"
-        );
+        assert!(matches!(
+            st.check_restorable(POOL, &[&moved]),
+            Err(Error::InvalidArgument(_))
+        ));
+        let mut shrunk = saved[0].clone();
+        shrunk.blocks.pop();
+        assert!(matches!(
+            st.check_restorable(POOL, &[&shrunk]),
+            Err(Error::InvalidState(_))
+        ));
         check(&st);
     }
 

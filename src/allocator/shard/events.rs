@@ -69,14 +69,12 @@ impl ShardState {
     #[inline(always)]
     fn free_settle<const LOG: bool>(&mut self, id: BlockId) {
         if self.blocks[id].stream_uses.is_empty() {
-            self.forget_captured_uses(id);
             self.forget_hccl_work(id);
             self.free_block_deferring(id, LOG);
         } else if self.capture_underway() {
             // No event calls during a capture: record them when none is underway.
             self.defer_free(id);
         } else {
-            self.forget_captured_uses(id);
             self.insert_events(id);
         }
     }
@@ -132,9 +130,6 @@ impl ShardState {
         let uses = &mut self.blocks[id].stream_uses;
         if !uses.contains(&stream) {
             uses.push(stream);
-            if self.capture_underway() {
-                self.note_captured_use(id, stream);
-            }
         }
         Ok(())
     }
