@@ -31,9 +31,12 @@
 //! caches and synchronise; `oom.rs` torch_npu's
 //! out-of-memory message; `invariants.rs` the checker that recounts a shard.
 
+mod graph_pools;
+mod history;
 mod invariants;
 mod last_resort;
 mod oom;
+mod pools;
 mod shard;
 mod shards;
 mod shared;
@@ -46,7 +49,7 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 
 use crate::config::Config;
-use crate::device::{Device, DeviceIndex, DevicePtr, MempoolId, StreamHandle};
+use crate::device::{Device, DeviceIndex, DevicePtr, StreamHandle};
 use crate::error::Error;
 use crate::pool::BlockId;
 use crate::profiling::Mstx;
@@ -56,6 +59,10 @@ use shards::{Shard, ShardTable};
 use shared::Shared;
 
 pub use crate::snapshot::{BlockInfo, BlockState, SegmentInfo};
+pub use graph_pools::NO_POOL;
+pub use history::{TraceAction, TraceEvent, Tracer};
+pub use pools::{PoolCheckpoint, RestoreDelta};
+pub use shard::{CheckpointBlock, CheckpointSegment};
 pub use shards::MAX_STREAMS;
 
 /// Current memory use of one allocator.
@@ -332,11 +339,18 @@ impl CachingAllocator {
             Ok(Some(ptr)) => {
                 drop(st);
                 THREAD.with(|t| t.last_shard.set((self.id, si)));
+                if self.shared.history.on() {
+                    self.trace_alloc(ptr, size, stream);
+                }
                 Ok(ptr)
             }
             Ok(None) => {
                 drop(st);
-                self.malloc_slow(Ok(None), size, si, shard)
+                let ptr = self.malloc_slow(Ok(None), size, si, shard)?;
+                if self.shared.history.on() {
+                    self.trace_alloc(ptr, size, stream);
+                }
+                Ok(ptr)
             }
             Err(e) => {
                 drop(st);
@@ -367,67 +381,6 @@ impl CachingAllocator {
         Ok(ptr)
     }
 
-    /// Routes allocations on `stream` to the graph-private pool `id` (PyTorch's
-    /// `beginAllocateToPool`): created on first use, else its use count goes up. While
-    /// routed, the stream's allocations never reuse its own pool's memory and vice
-    /// versa, event polling on the stream is skipped, and frees of blocks used on other
-    /// streams record their events only when routing ends.
-    pub fn begin_allocate_to_pool(&self, id: MempoolId, stream: StreamHandle) -> Result<(), Error> {
-        let (_, shard) = self.shard(stream)?;
-        let already = shard.lock().capture.capturing.is_some();
-        if already {
-            // Refused (one pool at a time); the stream's capture flag stays as it is.
-            return shard.lock().begin_allocate_to_pool(id);
-        }
-        // No event may be recorded on the stream while it captures: from now on no
-        // block is lent to it, and the fences of blocks it borrowed and gave back are
-        // settled first (a host wait only if their work has not run).
-        self.shared.set_capturing(stream, true);
-        let begun = self.settle_fences_on(stream).and_then(|()| {
-            let mut st = shard.lock();
-            st.flush_hot();
-            st.begin_allocate_to_pool(id)
-        });
-        if begun.is_err() {
-            self.shared.set_capturing(stream, false);
-        }
-        begun
-    }
-
-    fn settle_fences_on(&self, stream: StreamHandle) -> Result<(), Error> {
-        self.for_other_shards(stream, |st| st.settle_fences_on(stream))
-    }
-
-    /// Stops routing to private pool `id` (PyTorch's `endAllocateToPool`).
-    pub fn end_allocate_to_pool(&self, id: MempoolId) -> Result<(), Error> {
-        for shard in self.shards.all() {
-            let mut st = shard.lock();
-            if st.is_capturing_to(id) {
-                st.end_allocate_to_pool();
-                self.set_pending(shard, st.pending_count());
-                self.shared.set_capturing(shard.stream, false);
-                return Ok(());
-            }
-        }
-        Err(Error::InvalidState(format!(
-            "not currently allocating to pool {id:?}"
-        )))
-    }
-
-    /// Drops one use of private pool `id` (PyTorch's `releasePool`); once unused, its
-    /// cached memory goes back to the device at the next cache release.
-    pub fn release_pool(&self, id: MempoolId) -> Result<(), Error> {
-        let mut found = false;
-        for shard in self.shards.all() {
-            found |= shard.lock().release_pool(id);
-        }
-        if found {
-            Ok(())
-        } else {
-            Err(Error::InvalidArgument(format!("unknown pool {id:?}")))
-        }
-    }
-
     /// Reserved bytes per graph-private pool: torch 2.14's
     /// `DeviceStats::reserved_bytes_by_private_pools`, with PyTorch's meaning. A pool's
     /// entry appears when it first reserves device memory (a segment allocated, or pages
@@ -451,6 +404,31 @@ impl CachingAllocator {
             .sum()
     }
 
+    /// Sets (or with `None` removes) the memory-history tracer, told of every
+    /// allocation, free, segment change and out-of-memory failure (`history.rs`).
+    pub fn set_tracer(&self, tracer: Option<Tracer>) {
+        self.shared.history.set(tracer);
+    }
+
+    /// Tells the tracer of allocation `ptr` (`size` bytes asked for on `stream`).
+    #[cold]
+    #[inline(never)]
+    fn trace_alloc(&self, ptr: DevicePtr, size: usize, stream: StreamHandle) {
+        let pool = self
+            .with_owner(ptr, Some(stream), |_, st, id| {
+                st.pool_id(st.blocks[id].pool)
+            })
+            .flatten();
+        self.shared.history.emit(|| TraceEvent {
+            action: TraceAction::Alloc,
+            device: self.index,
+            address: ptr as u64,
+            size,
+            stream,
+            pool,
+        });
+    }
+
     /// Adds a callback run (outside every allocator lock) whenever an allocation fails
     /// with out of memory, after the cache was released and the request retried.
     pub fn attach_oom_observer(&self, observer: impl Fn(OomInfo) + Send + Sync + 'static) {
@@ -469,10 +447,18 @@ impl CachingAllocator {
 
     fn notify_oom(&self, requested: usize) {
         let observers = self.observers.read().clone();
-        if observers.is_empty() {
+        if observers.is_empty() && !self.shared.history.on() {
             return;
         }
         let info = self.device.mem_info(self.index).ok();
+        self.shared.history.emit(|| TraceEvent {
+            action: TraceAction::Oom,
+            device: self.index,
+            address: info.map_or(0, |i| i.free as u64),
+            size: requested,
+            stream: StreamHandle::DEFAULT,
+            pool: None,
+        });
         let info = OomInfo {
             device: self.index,
             requested,
@@ -503,7 +489,11 @@ impl CachingAllocator {
             let Some(id) = st.ptrs.remove(&ptr) else {
                 return false;
             };
-            st.free(id);
+            if self.shared.history.on() {
+                st.free_traced(id);
+            } else {
+                st.free(id);
+            }
             self.set_pending(shard, st.pending_count());
             true
         };
@@ -608,7 +598,12 @@ impl CachingAllocator {
 
     /// Waits for every pending event, then returns every unused cached segment (and
     /// idle event) to the device.
+    /// Nothing goes back while a graph capture is underway (the runtime refuses
+    /// synchronisations and frees then), and segments of live graph pools stay.
     pub fn empty_cache(&self) -> Result<(), Error> {
+        if self.shared.capture_underway() {
+            return Ok(());
+        }
         let mut result = Ok(());
         for s in self.shards.all() {
             let emptied = self.with_shard(s, |st| st.empty_cache());
@@ -700,7 +695,8 @@ impl CachingAllocator {
             ));
         }
         let pools = self.private_pool_stats();
-        invariants::check_private_pools(&self.shards.all(), &pools)
+        invariants::check_private_pools(&self.shards.all(), &pools)?;
+        invariants::check_graph_pools(&self.shards.all(), &self.shared.pools)
     }
 }
 

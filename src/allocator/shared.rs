@@ -12,10 +12,12 @@ use parking_lot::Mutex;
 use std::sync::Arc;
 
 use crate::config::Config;
-use crate::device::{Device, DeviceIndex, StreamHandle};
+use crate::device::{Device, DeviceIndex};
 use crate::profiling::Mstx;
 use crate::stats::PrivatePoolReserved;
 
+use super::graph_pools::GraphPools;
+use super::history::History;
 use super::totals::Totals;
 
 /// Added to `pending_total` while a statistics merge is wanted (far above any count of
@@ -75,11 +77,10 @@ pub(crate) struct Shared {
     /// shards locked), set by the first change that passes its shard's allowance. Read
     /// by every malloc and free: on a cache line of its own, which nothing else writes.
     pub stats_logging: OwnLine<AtomicBool>,
-    /// Streams allocating to a graph-private pool (capturing): no event may be
-    /// recorded on them, so lending leaves them alone.
-    capturing: Mutex<Vec<StreamHandle>>,
-    /// `capturing.len()`, read without the lock on the free path.
-    capture_count: AtomicUsize,
+    /// Graph-private pools' use counts and the captures underway (`graph_pools.rs`).
+    pub pools: GraphPools,
+    /// The memory-history tracer, if set (`history.rs`).
+    pub history: History,
     /// Reserved bytes per graph-private pool, over every shard (a pool spans the streams
     /// routed to it); written only where a pool's device memory grows or shrinks.
     pub private_reserved: Mutex<PrivatePoolReserved>,
@@ -116,8 +117,8 @@ impl Shared {
             totals: Mutex::new(Totals::default()),
             merge_wanted: AtomicBool::new(false),
             stats_logging: OwnLine(AtomicBool::new(false)),
-            capturing: Mutex::new(Vec::new()),
-            capture_count: AtomicUsize::new(0),
+            pools: GraphPools::default(),
+            history: History::default(),
             private_reserved: Mutex::new(PrivatePoolReserved::default()),
             growth_failed: AtomicBool::new(false),
             device_total: AtomicUsize::new(0),
@@ -148,26 +149,12 @@ impl Shared {
         want <= self.device_total() && self.allowed_max().is_none_or(|m| want <= m)
     }
 
-    /// Notes that `stream` starts (`true`) or stops capturing.
-    pub fn set_capturing(&self, stream: StreamHandle, on: bool) {
-        let mut c = self.capturing.lock();
-        c.retain(|&s| s != stream);
-        if on {
-            c.push(stream);
-        }
-        self.capture_count.store(c.len(), Ordering::Release);
-    }
-
     /// Whether a graph capture is underway on the device (any stream): no event query,
     /// synchronisation or device free may be made then (PyTorch's
     /// `captures_underway.empty()` guards).
+    #[inline]
     pub fn capture_underway(&self) -> bool {
-        self.capture_count.load(Ordering::Acquire) > 0
-    }
-
-    /// Whether `stream` is capturing now.
-    pub fn is_capturing(&self, stream: StreamHandle) -> bool {
-        self.capture_count.load(Ordering::Acquire) > 0 && self.capturing.lock().contains(&stream)
+        self.pools.capture_underway()
     }
 
     /// The memory-fraction cap, if set.

@@ -24,6 +24,8 @@ mod lending;
 mod mstx;
 mod pickle;
 mod policy;
+mod pool_lifetime;
+mod pool_props;
 #[cfg(feature = "cli")]
 mod pressure;
 #[cfg(feature = "cli")]

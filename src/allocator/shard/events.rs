@@ -10,6 +10,7 @@
 //! reaches 0.
 
 use super::ShardState;
+use crate::allocator::history::{TraceAction, TraceEvent};
 use crate::allocator::totals::Kind;
 use crate::device::{DeviceError, DevicePtr, EventHandle, StreamHandle};
 use crate::error::Error;
@@ -68,11 +69,11 @@ impl ShardState {
     #[inline(always)]
     fn free_settle<const LOG: bool>(&mut self, id: BlockId) {
         if self.blocks[id].stream_uses.is_empty() {
+            self.forget_hccl_work(id);
             self.free_block_deferring(id, LOG);
-        } else if self.capture.capturing.is_some() {
-            // No event calls during a capture: record them when it ends.
-            self.blocks[id].add_wait();
-            self.capture.deferred.push(id);
+        } else if self.capture_underway() {
+            // No event calls during a capture: record them when none is underway.
+            self.defer_free(id);
         } else {
             self.insert_events(id);
         }
@@ -157,6 +158,7 @@ impl ShardState {
         if self.capture_underway() {
             return;
         }
+        self.insert_deferred_events();
         let index = self.index;
         let mut ready = Vec::new();
         let events = &mut self.waits.events;
@@ -171,7 +173,51 @@ impl ShardState {
 
     pub(super) fn event_done(&mut self, id: BlockId) {
         if self.blocks[id].end_wait() {
-            self.free_block(id);
+            self.free_completed(id);
+        }
+    }
+
+    /// Block `id`, freed earlier, waited for its last event: reusable now.
+    pub(super) fn free_completed(&mut self, id: BlockId) {
+        self.forget_hccl_work(id);
+        let b = &self.blocks[id];
+        let (ptr, size, stream, tag) = (b.ptr, b.requested, b.stream, b.pool);
+        self.shared.history.emit(|| TraceEvent {
+            action: TraceAction::FreeCompleted,
+            device: self.index,
+            address: ptr as u64,
+            size,
+            stream,
+            pool: tag.map(|t| self.capture.id_of(t)),
+        });
+        self.free_block(id);
+    }
+
+    /// `free` with its memory-history events: the free requested, and completed if
+    /// it waits for no other stream.
+    #[cold]
+    #[inline(never)]
+    pub fn free_traced(&mut self, id: BlockId) {
+        let b = &self.blocks[id];
+        let event = TraceEvent {
+            action: TraceAction::FreeRequested,
+            device: self.index,
+            address: b.ptr as u64,
+            size: b.requested,
+            stream: b.stream,
+            pool: self.pool_id(b.pool),
+        };
+        self.shared.history.emit(|| event);
+        self.free(id);
+        let waits = self
+            .blocks
+            .get(id)
+            .is_some_and(|b| b.ptr as u64 == event.address && b.waits() > 0);
+        if !waits {
+            self.shared.history.emit(|| TraceEvent {
+                action: TraceAction::FreeCompleted,
+                ..event
+            });
         }
     }
 

@@ -21,6 +21,7 @@
 //! chain of blocks, counted as one segment in statistics and snapshots.
 
 use super::ShardState;
+use crate::allocator::history::TraceAction;
 use crate::allocator::totals::Kind;
 use crate::config::HEAD_ALIGN_MIN;
 use crate::device::{DevicePtr, StreamHandle};
@@ -406,7 +407,7 @@ impl ShardState {
         self.count_split(&touched, true);
         self.bytes_reserved(kind, bytes);
         let st = kind.stat_type();
-        self.note_pool_reserved(pool, kind, bytes, true);
+        self.note_device_memory(pool, kind, va, bytes, TraceAction::SegmentMap);
         let runs_delta = 1 - fit.left.is_some() as i64 - fit.right.is_some() as i64;
         self.acct.apply_net(Kind::Segment, st, runs_delta);
         self.coalesce(id, false);
@@ -508,7 +509,13 @@ impl ShardState {
         self.shared.unreserve(bytes);
         let st = kind.stat_type();
         self.acct.decrease(Kind::ReservedBytes, st, bytes);
-        self.note_pool_reserved(self.vm[seg].pool, kind, bytes, false);
+        self.note_device_memory(
+            self.vm[seg].pool,
+            kind,
+            lo,
+            bytes,
+            TraceAction::SegmentUnmap,
+        );
         self.acct.apply_net(Kind::Segment, st, runs_delta);
         self.acct.stats.num_device_free += done as i64;
         failure.map_or(Ok(bytes), |e| Err(e.into()))
@@ -518,7 +525,7 @@ impl ShardState {
     /// releasable pools, largest first, until `want` bytes are unmapped; returns the bytes.
     pub(super) fn vm_release_free(&mut self, want: usize, min_idle: u64) -> usize {
         let index = self.index;
-        if self.vm.is_empty() || self.capture.capturing.is_some() {
+        if self.vm.is_empty() || self.capture_underway() {
             return 0;
         }
         let mut candidates: Vec<(usize, BlockId)> = self

@@ -396,7 +396,7 @@ impl ShardState {
 
     /// Takes a hot block of exactly `size` bytes on `stream`, most recent first.
     pub(super) fn hot_take(&mut self, size: usize) -> Option<BlockId> {
-        if self.capture.capturing.is_some() {
+        if self.route().is_some() {
             return None;
         }
         let hot = &mut self.pools.get_mut(&None)?.hot;

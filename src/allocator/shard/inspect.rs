@@ -11,7 +11,15 @@ use crate::stats::DeviceStats;
 impl ShardState {
     /// Frees waiting for events or a synchronisation.
     pub fn pending_count(&self) -> usize {
-        self.waits.pending.len() + self.waits.parked.len() + self.capture.deferred.len()
+        self.waits.pending.len() + self.waits.parked.len() + self.capture.deferred().len()
+    }
+
+    /// The sizes of the cached free blocks (free lists and hot cache, every pool).
+    pub fn cached_free_sizes(&self) -> impl Iterator<Item = usize> + '_ {
+        self.blocks
+            .iter()
+            .filter(|(_, b)| b.is_free())
+            .map(|(_, b)| b.size)
     }
 
     /// The shard's statistics: its per-stream peaks are its own (see
@@ -78,7 +86,7 @@ impl ShardState {
                     cur = blk.next;
                 }
                 SegmentInfo {
-                    pool_id: b.pool.map(|t| self.capture.private[t.index()].id),
+                    pool_id: self.pool_id(b.pool),
                     is_expandable: b.vm.is_some(),
                     address: b.ptr,
                     total_size: blocks.iter().map(|x| x.size).sum(),

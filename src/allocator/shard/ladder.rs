@@ -49,6 +49,7 @@ use std::sync::atomic::Ordering;
 use super::lending::GrowFirst;
 use super::ShardState;
 use super::{Grant, Peers};
+use crate::allocator::history::TraceAction;
 use crate::allocator::oom;
 use crate::device::{DevicePtr, StreamHandle};
 use crate::error::Error;
@@ -519,7 +520,7 @@ impl ShardState {
         self.acct.stats.num_device_alloc += 1;
         let mut seg = Block::segment(ptr, seg_size, stream, kind);
         seg.pool = self.route();
-        self.note_pool_reserved(seg.pool, kind, seg_size, true);
+        self.note_device_memory(seg.pool, kind, ptr, seg_size, TraceAction::SegmentAlloc);
         Ok(Some(self.blocks.insert(seg)))
     }
 }

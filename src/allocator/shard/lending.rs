@@ -153,7 +153,7 @@ impl ShardState {
         self.poll_fences(); // recycles the events of completed fences
         let b = &mut self.blocks[id];
         let borrower = b.stream_uses.remove(0);
-        if self.shared.is_capturing(borrower) {
+        if self.capture_underway() {
             let b = &mut self.blocks[id];
             b.stream_uses.clear();
             b.add_wait();
@@ -179,7 +179,7 @@ impl ShardState {
         peers: &dyn Peers,
     ) -> Result<Option<BlockId>, Error> {
         let (stream, kind) = (req.stream, req.kind);
-        if !self.shared.config.lend_segments || self.capture.capturing.is_some() {
+        if !self.shared.config.lend_segments || self.route().is_some() || self.capture_underway() {
             return Ok(None);
         }
         let limit = seg_size.saturating_mul(LEND_SIZE_FACTOR);
@@ -211,7 +211,7 @@ impl ShardState {
         limit: usize,
         borrower: StreamHandle,
     ) -> Option<(DevicePtr, usize)> {
-        if self.capture.capturing.is_some() {
+        if self.route().is_some() || self.capture_underway() {
             return None;
         }
         let (bsize, _, id) = self
@@ -248,7 +248,7 @@ impl ShardState {
     }
 
     fn lend_block_as<const KEEP_WHOLE: bool>(&mut self, req: &Request) -> Option<DevicePtr> {
-        if self.capture.capturing.is_some() {
+        if self.route().is_some() || self.capture_underway() {
             return None;
         }
         let (own, borrower) = (self.stream, req.stream);
@@ -279,7 +279,7 @@ impl ShardState {
         keep_whole: bool,
         peers: &dyn Peers,
     ) -> Option<DevicePtr> {
-        if !self.shared.config.lend_blocks || self.capture.capturing.is_some() {
+        if !self.shared.config.lend_blocks || self.route().is_some() || self.capture_underway() {
             return None;
         }
         let mut lent = None;

@@ -12,7 +12,9 @@
 //! | `pressure.rs` | memory pressure: a device-side wait for a pending free instead of growth |
 //! | `keep_whole.rs` | memory pressure: a whole free segment kept for a request of its size |
 //! | `release.rs` | giving segments back: cache release, reclaim before growth, GC |
-//! | `capture.rs` | graph-private pools and capture |
+//! | `capture.rs` | graph-private pools: tags, routes, frees deferred by captures |
+//! | `hccl.rs` | HCCL works that last used blocks; erasing their streams' uses |
+//! | `checkpoint.rs` | a graph pool's checkpoint and restore |
 //! | `expandable.rs` | expandable segments: mapping and unmapping pages |
 //! | `inspect.rs` | read-only views for statistics and snapshots |
 //!
@@ -26,9 +28,11 @@
 //! - `reserved` and every current statistic equal a recount of the blocks.
 
 mod capture;
+mod checkpoint;
 mod events;
 mod expandable;
 mod free_lists;
+mod hccl;
 mod inspect;
 mod keep_whole;
 mod ladder;
@@ -39,7 +43,9 @@ mod pressure;
 mod release;
 mod small_spill;
 
-pub use capture::PrivatePool;
+use capture::Capture;
+pub use checkpoint::{CheckpointBlock, CheckpointSegment};
+use hccl::HcclWorks;
 use lazy_merge::LazyMerge;
 
 use rustc_hash::FxHashSet;
@@ -52,7 +58,7 @@ use super::shared::Shared;
 use super::totals::{pack, stat_at, unpack, Kind, Mode, StatLog, NO_SLOT};
 use crate::device::{Device, DeviceIndex, DevicePtr, StreamHandle};
 use crate::error::Error;
-use crate::pool::{Block, BlockId, PoolTag, PtrTable, StreamMap, VmSegment};
+use crate::pool::{Block, BlockId, PtrTable, StreamMap, VmSegment};
 use crate::stats::{DeviceStats, StatType};
 use crate::stream::{DirtyMarks, EventPool, Fences, PendingFrees};
 
@@ -102,7 +108,9 @@ pub(super) struct ShardState {
     /// Frees waiting for events or a synchronisation (`events.rs`).
     pub waits: Waits,
     /// Graph-private pools and capture (`capture.rs`).
-    pub capture: Capture,
+    pub(crate) capture: Capture,
+    /// HCCL works that last used blocks (`hccl.rs`).
+    pub(crate) hccl: HcclWorks,
     /// Fences and dirty marks of lent blocks (`lending.rs`, `ordering.rs`).
     pub lending: Lending,
     /// The clocks and back-off of giving memory back (`release.rs`).
@@ -385,18 +393,6 @@ pub(super) struct Waits {
     pub events: EventPool,
 }
 
-/// Graph-private pools of this stream and the capture under way.
-#[derive(Default)]
-pub(super) struct Capture {
-    /// Graph-private pools; `PrivateTag::new(i)` is entry `i`.
-    pub private: Vec<PrivatePool>,
-    /// The private pool allocations go to while a graph capture is under way.
-    pub capturing: PoolTag,
-    /// Frees with stream uses made during a capture: their events are recorded when it
-    /// ends (event calls are not allowed while capturing).
-    pub deferred: Vec<BlockId>,
-}
-
 /// Both sides of block lending.
 #[derive(Default)]
 pub(super) struct Lending {
@@ -448,6 +444,7 @@ impl ShardState {
             },
             waits: Waits::default(),
             capture: Capture::default(),
+            hccl: HcclWorks::default(),
             lending: Lending::default(),
             reclaim: Reclaim::default(),
             lazy: None,

@@ -431,10 +431,11 @@ mod tests {
         );
         assert_eq!(sim.counters(0).stream_waits, 0);
         let (sim, lender, mut b, _, _) = lender_and("", |sim, _| sim.create_stream(0).unwrap());
-        lender
-            .borrow_mut()
-            .begin_allocate_to_pool(crate::device::MempoolId(1, 1))
-            .unwrap();
+        // A lender routed to a graph pool (no capture marked: the borrower may still
+        // release caches) lends nothing.
+        let pool = crate::device::MempoolId(1, 1);
+        lender.borrow().shared.pools.incref(pool).unwrap();
+        lender.borrow_mut().route_to(pool, false).unwrap();
         assert_eq!(
             b.malloc(30 * MIB, false, &Others(vec![&lender])).unwrap(),
             None

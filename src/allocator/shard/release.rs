@@ -9,6 +9,7 @@
 
 use super::Peers;
 use super::ShardState;
+use crate::allocator::history::TraceAction;
 use crate::error::Error;
 use crate::pool::{BlockId, PoolKind};
 
@@ -58,13 +59,13 @@ impl ShardState {
         let freed = self.dev.free(index, b.ptr);
         drop(range);
         freed?;
-        let (kind, size, pool) = (b.kind, b.size, b.pool);
+        let (kind, size, pool, ptr) = (b.kind, b.size, b.pool, b.ptr);
         self.pool_remove(id);
         self.blocks.remove(id);
         self.lending.dirty.take(id);
         self.shared.unreserve(size);
         self.segment_removed(kind, size);
-        self.note_pool_reserved(pool, kind, size, false);
+        self.note_device_memory(pool, kind, ptr, size, TraceAction::SegmentFree);
         self.acct.stats.num_device_free += 1;
         Ok(())
     }
@@ -137,7 +138,7 @@ impl ShardState {
     pub(super) fn release_available_cached_blocks(&mut self, kind: PoolKind, size: usize) -> bool {
         let index = self.index;
         let max_split = self.shared.config.max_split_size;
-        if max_split == usize::MAX {
+        if max_split == usize::MAX || !self.pool_releasable(self.route()) {
             return false;
         }
         let target = size.max(max_split);
