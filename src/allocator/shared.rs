@@ -16,7 +16,7 @@ use crate::device::{Device, DeviceIndex, StreamHandle};
 use crate::profiling::Mstx;
 use crate::stats::PrivatePoolReserved;
 
-use super::totals::Totals;
+use super::totals::{LogLink, Totals};
 
 /// Added to `pending_total` while a statistics merge is wanted (far above any count of
 /// waiting frees).
@@ -246,5 +246,15 @@ impl Shared {
 
     pub fn unreserve(&self, bytes: usize) {
         self.reserved.fetch_sub(bytes, Ordering::AcqRel);
+    }
+}
+
+impl LogLink for Shared {
+    fn stats_logging(&self) -> &AtomicBool {
+        &self.stats_logging
+    }
+
+    fn ask_merge(&self) {
+        Shared::ask_merge(self);
     }
 }

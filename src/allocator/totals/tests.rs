@@ -1,6 +1,7 @@
 //! Unit tests of the statistics logs and their merges.
 
 use super::*;
+use crate::allocator::shared::Shared;
 use std::sync::atomic::Ordering;
 
 /// Logs `changes` to `pool` as the statistics updates do.
