@@ -51,7 +51,7 @@ use crate::error::Error;
 use crate::pool::BlockId;
 use crate::profiling::Mstx;
 use crate::stats::PrivatePoolStats;
-use shard::{Peers, ShardState};
+use shard::{Outcome, Peers, Released, ShardState};
 use shards::{Shard, ShardTable};
 use shared::Shared;
 
@@ -323,20 +323,20 @@ impl CachingAllocator {
             own: stream,
             shared: &self.shared,
         };
-        let found = st.malloc(size, false, &peers);
+        let found = st.malloc(size, Released::Nothing, &peers);
         self.set_pending(shard, st.pending_count());
         // Every arm takes `found` apart by value: nothing is left to drop (a catch-all
         // arm left it to an out-of-line drop call on the fast path). The slow path runs
         // with the lock released.
         match found {
-            Ok(Some(ptr)) => {
+            Ok(Outcome::Served(ptr)) => {
                 drop(st);
                 THREAD.with(|t| t.last_shard.set((self.id, si)));
                 Ok(ptr)
             }
-            Ok(None) => {
+            Ok(outcome) => {
                 drop(st);
-                self.malloc_slow(Ok(None), size, si, shard)
+                self.malloc_slow(Ok(outcome), size, si, shard)
             }
             Err(e) => {
                 drop(st);
@@ -345,24 +345,22 @@ impl CachingAllocator {
         }
     }
 
-    /// `malloc` after the shard's own attempt did not allocate (`found`): an error, or
-    /// the last rungs across streams (`last_resort.rs`).
+    /// `malloc` after the shard's climb did not allocate (`found`): an error, or the
+    /// rungs across streams (`last_resort.rs`).
     #[cold]
     #[inline(never)]
     fn malloc_slow(
         &self,
-        found: Result<Option<DevicePtr>, Error>,
+        found: Result<Outcome, Error>,
         size: usize,
         si: u32,
         shard: &Shard,
     ) -> Result<DevicePtr, Error> {
-        match found {
-            Ok(Some(ptr)) => return Ok(ptr),
-            Ok(None) => {}
-            // e.g. out of memory during a capture, which must not release caches
+        let outcome = match found {
+            Ok(outcome) => outcome,
             Err(e) => return Err(self.malloc_failed(e, size)),
-        }
-        let ptr = self.last_resort(size, shard)?;
+        };
+        let ptr = self.last_resort(outcome, size, shard)?;
         THREAD.with(|t| t.last_shard.set((self.id, si)));
         Ok(ptr)
     }

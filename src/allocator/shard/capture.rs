@@ -152,6 +152,7 @@ impl ShardState {
 mod tests {
     use super::super::testing::{check, free, id_of, shard};
     use super::super::NoPeers;
+    use super::super::Released;
     use crate::device::MempoolId;
     use crate::error::Error;
     use crate::pool::PrivateTag;
@@ -161,7 +162,11 @@ mod tests {
         let (_sim, mut st) = shard("");
         st.begin_allocate_to_pool(MempoolId(7, 9)).unwrap();
         assert!(st.is_capturing_to(MempoolId(7, 9)));
-        let p = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
+        let p = st
+            .malloc(1000, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+            .unwrap();
         assert_eq!(st.blocks[id_of(&st, p)].pool, Some(PrivateTag::new(0)));
         st.end_allocate_to_pool();
         free(&mut st, p);
@@ -189,14 +194,22 @@ mod tests {
                 .map(|p| (p.id, p.reserved_bytes[0].current))
                 .collect::<Vec<_>>()
         };
-        let own = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
+        let own = st
+            .malloc(1000, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+            .unwrap();
         assert_eq!(
             reserved(&st),
             vec![],
             "the stream's own pool is not counted"
         );
         st.begin_allocate_to_pool(MempoolId(7, 9)).unwrap();
-        let p = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
+        let p = st
+            .malloc(1000, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+            .unwrap();
         st.end_allocate_to_pool();
         assert_eq!(reserved(&st), vec![(MempoolId(7, 9), 2 << 20)]);
         free(&mut st, p);

@@ -266,19 +266,30 @@ impl ShardState {
 mod tests {
     use super::super::testing::{check, free, id_of, shard};
     use super::super::NoPeers;
+    use super::super::Released;
 
     #[test]
     fn a_block_used_on_another_stream_waits_for_its_event() {
         let (sim, mut st) = shard("");
         let side = sim.create_stream(0).unwrap();
-        let p = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
+        let p = st
+            .malloc(1000, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+            .unwrap();
         let id = id_of(&st, p);
         st.record_stream(id, p, side).unwrap();
         free(&mut st, p);
         assert_eq!(st.pending_count(), 1);
         st.process_events();
         assert_eq!(st.pending_count(), 1, "the side stream has not run");
-        assert_ne!(st.malloc(1000, false, &NoPeers).unwrap().unwrap(), p);
+        assert_ne!(
+            st.malloc(1000, Released::Nothing, &NoPeers)
+                .unwrap()
+                .served()
+                .unwrap(),
+            p
+        );
         check(&st);
         sim.complete_stream(0, side).unwrap();
         st.process_events();
@@ -290,7 +301,11 @@ mod tests {
     fn a_block_whose_event_cannot_be_created_is_parked_until_a_synchronisation() {
         let (sim, mut st) = shard("");
         let side = sim.create_stream(0).unwrap();
-        let p = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
+        let p = st
+            .malloc(1000, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+            .unwrap();
         let id = id_of(&st, p);
         st.record_stream(id, p, side).unwrap();
         sim.fail_nth_event_create(0, 1);
@@ -309,7 +324,11 @@ mod tests {
         let (sim, mut st) = shard(conf);
         let (a, b) = (sim.create_stream(0).unwrap(), sim.create_stream(0).unwrap());
         for side in [a, a, a, b] {
-            let p = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
+            let p = st
+                .malloc(1000, Released::Nothing, &NoPeers)
+                .unwrap()
+                .served()
+                .unwrap();
             st.record_stream(id_of(&st, p), p, side).unwrap();
             sim.launch(0, side, |_| {}).unwrap();
             free(&mut st, p);

@@ -609,6 +609,7 @@ impl ShardState {
 mod tests {
     use super::super::testing::{check, free, id_of, shard};
     use super::super::NoPeers;
+    use super::super::Released;
 
     const MIB: usize = 1 << 20;
     const KIB16: usize = 16 << 10;
@@ -622,8 +623,16 @@ mod tests {
     fn a_large_request_starts_at_the_alignment_past_a_free_head() {
         for conf in [ALIGNED, "expandable_segments:True"] {
             let (_sim, mut st) = shard(conf);
-            let a = st.malloc(3 * MIB + 1, false, &NoPeers).unwrap().unwrap();
-            let b = st.malloc(2 * MIB, false, &NoPeers).unwrap().unwrap();
+            let a = st
+                .malloc(3 * MIB + 1, Released::Nothing, &NoPeers)
+                .unwrap()
+                .served()
+                .unwrap();
+            let b = st
+                .malloc(2 * MIB, Released::Nothing, &NoPeers)
+                .unwrap()
+                .served()
+                .unwrap();
             let end_a = a + 3 * MIB + 512;
             if conf == ALIGNED {
                 assert_eq!(b, end_a + KIB16 - 512);
@@ -650,16 +659,28 @@ mod tests {
     #[test]
     fn small_requests_stay_put_and_a_deferred_merge_is_aligned_too() {
         let (_sim, mut st) = shard(ALIGNED);
-        let a = st.malloc(3 * MIB + 1, false, &NoPeers).unwrap().unwrap();
+        let a = st
+            .malloc(3 * MIB + 1, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+            .unwrap();
         let end_a = a + 3 * MIB + 512;
-        let c = st.malloc(MIB + 1, false, &NoPeers).unwrap().unwrap();
+        let c = st
+            .malloc(MIB + 1, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+            .unwrap();
         assert_eq!(c, end_a);
         free(&mut st, c);
         assert!(
             st.lazy.is_some(),
             "the free deferred its merge with the tail"
         );
-        let d = st.malloc(2 * MIB, false, &NoPeers).unwrap().unwrap();
+        let d = st
+            .malloc(2 * MIB, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+            .unwrap();
         assert_eq!(d, end_a + KIB16 - 512);
         st.finish_merge();
         check(&st);
@@ -683,18 +704,28 @@ mod tests {
             (st.vm_page_for(Large, 0), st.vm_page_for(Small, 0)),
             (2 * MIB, 2 * MIB)
         );
-        st.malloc(3 * MIB, false, &NoPeers).unwrap().unwrap();
+        st.malloc(3 * MIB, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+            .unwrap();
         assert_eq!(st.acct.reserved, 4 * MIB);
         // 17 requests of 60 MiB (each under 32 × 2 MiB: the request keeps 2 MiB pages).
         for _ in 0..17 {
-            st.malloc(60 * MIB, false, &NoPeers).unwrap().unwrap();
+            st.malloc(60 * MIB, Released::Nothing, &NoPeers)
+                .unwrap()
+                .served()
+                .unwrap();
         }
         assert_eq!(st.acct.reserved, 1024 * MIB, "still 2 MiB pages");
         assert_eq!(
             (st.vm_page_for(Large, 0), st.vm_page_for(Small, 0)),
             (4 * MIB, 2 * MIB)
         );
-        let c = st.malloc(3 * MIB, false, &NoPeers).unwrap().unwrap();
+        let c = st
+            .malloc(3 * MIB, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+            .unwrap();
         assert_eq!(st.acct.reserved, 1028 * MIB);
         let seg = st.blocks[id_of(&st, c)].vm.unwrap().index();
         assert_eq!(st.vm[seg].page, 4 * MIB);
@@ -704,7 +735,10 @@ mod tests {
         check(&st);
 
         let (_sim, mut st) = shard("expandable_segments:True,adaptive_pages:False");
-        st.malloc(3 * MIB, false, &NoPeers).unwrap().unwrap();
+        st.malloc(3 * MIB, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+            .unwrap();
         assert_eq!(st.acct.reserved, 20 * MIB);
         assert_eq!(st.vm_page_for(crate::pool::PoolKind::Large, 0), 20 * MIB);
     }
@@ -721,11 +755,19 @@ mod tests {
         assert_eq!(st.vm_page_for(Large, 196 * MIB), 4 * MIB);
         assert_eq!(st.vm_page_for(Large, 127 * MIB), 2 * MIB);
         assert_eq!(st.vm_page_for(Large, 1 << 30), 20 * MIB);
-        let big = st.malloc(196 * MIB, false, &NoPeers).unwrap().unwrap();
+        let big = st
+            .malloc(196 * MIB, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+            .unwrap();
         assert_eq!(st.acct.reserved, 196 * MIB, "49 pages of 4 MiB");
         let seg = st.blocks[id_of(&st, big)].vm.unwrap().index();
         assert_eq!(st.vm[seg].page, 4 * MIB);
-        let small = st.malloc(3 * MIB, false, &NoPeers).unwrap().unwrap();
+        let small = st
+            .malloc(3 * MIB, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+            .unwrap();
         let seg = st.blocks[id_of(&st, small)].vm.unwrap().index();
         assert_eq!(st.vm[seg].page, 2 * MIB);
         assert_eq!(st.acct.reserved, 200 * MIB);
@@ -751,12 +793,28 @@ mod tests {
             ("expandable_segments:True,adaptive_pages:False", false),
         ] {
             let (_sim, mut st) = shard(conf);
-            let a = st.malloc(4 * MIB, false, &NoPeers).unwrap().unwrap();
-            let b = st.malloc(8 * MIB, false, &NoPeers).unwrap().unwrap();
-            let c = st.malloc(4 * MIB, false, &NoPeers).unwrap().unwrap();
+            let a = st
+                .malloc(4 * MIB, Released::Nothing, &NoPeers)
+                .unwrap()
+                .served()
+                .unwrap();
+            let b = st
+                .malloc(8 * MIB, Released::Nothing, &NoPeers)
+                .unwrap()
+                .served()
+                .unwrap();
+            let c = st
+                .malloc(4 * MIB, Released::Nothing, &NoPeers)
+                .unwrap()
+                .served()
+                .unwrap();
             assert_eq!((b, c), (a + 4 * MIB, a + 12 * MIB)); // one 20 MiB page: 4 MiB left
             free(&mut st, b);
-            let d = st.malloc(3 * MIB, false, &NoPeers).unwrap().unwrap();
+            let d = st
+                .malloc(3 * MIB, Released::Nothing, &NoPeers)
+                .unwrap()
+                .served()
+                .unwrap();
             assert_eq!(d, if middle { b } else { c + 4 * MIB }, "{conf}");
             st.finish_merge();
             check(&st);

@@ -12,9 +12,12 @@
 //!   nothing here reads or changes the free lists while a merge is deferred;
 //! - `inactive_split[_bytes]` count the free blocks of split segments, hot ones included.
 
+use super::request::Request;
 use super::ShardState;
 use crate::allocator::totals::Kind;
 use crate::config::HEAD_ALIGN_MIN;
+use crate::error::Error;
+use crate::handle::DevicePtr;
 use crate::pool::free_list::HOT_CAPACITY;
 use crate::pool::rounding::{MIN_BLOCK, SMALL_SIZE};
 use crate::pool::{Block, BlockId, Phase, PoolKind};
@@ -92,6 +95,38 @@ impl ShardState {
         }
         self.pool_remove(id);
         Some(id)
+    }
+
+    /// Allocates found block `id` (out of its free list) for `req` (whose stream is the
+    /// taker) and maps its address; returns (address, the allocated block). A dirty block first
+    /// orders the taker after the streams that may still use it; if that fails, the block
+    /// goes back to its free list.
+    #[inline(always)]
+    pub(super) fn hand_out(
+        &mut self,
+        id: BlockId,
+        req: &Request,
+    ) -> Result<(DevicePtr, BlockId), Error> {
+        let dirty = self.blocks[id].dirty;
+        if dirty {
+            self.poll_fences();
+            if let Err(e) = self.wait_for_dirty(id, req.stream) {
+                self.pool_insert(id);
+                return Err(e);
+            }
+        }
+        let out = self.alloc_found_block(id, req.size, req.rounded);
+        if dirty && out == id {
+            // Handed out whole; a split-off front starts clean and the free remainder
+            // (`id`) stays dirty for other takers, unless the wait met its marks.
+            self.lending.dirty.take(id);
+            self.blocks[id].dirty = false;
+        } else if dirty {
+            self.prune_marks(id);
+        }
+        let ptr = self.blocks[out].ptr;
+        self.ptrs.insert(ptr, out);
+        Ok((ptr, out))
     }
 
     pub(super) fn should_split(&self, block: &Block, rounded: usize) -> bool {
@@ -498,12 +533,21 @@ impl ShardState {
 mod tests {
     use super::super::testing::{check, free, id_of, shard};
     use super::super::NoPeers;
+    use super::super::Released;
 
     #[test]
     fn split_blocks_merge_back_into_one_whole_segment() {
         let (_sim, mut st) = shard("hot_cache:False");
-        let a = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
-        let b = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
+        let a = st
+            .malloc(1000, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+            .unwrap();
+        let b = st
+            .malloc(1000, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+            .unwrap();
         assert_eq!(
             b,
             a + 1024,
@@ -534,7 +578,11 @@ mod tests {
     #[test]
     fn hot_blocks_stay_unmerged_until_flushed() {
         let (_sim, mut st) = shard("");
-        let a = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
+        let a = st
+            .malloc(1000, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+            .unwrap();
         let id = id_of(&st, a);
         free(&mut st, a);
         assert_eq!(st.blocks[id].phase, crate::pool::Phase::Hot);

@@ -97,13 +97,22 @@ impl ShardState {
 mod tests {
     use super::super::testing::{free, shard};
     use super::super::NoPeers;
+    use super::super::Released;
     use crate::snapshot::BlockState;
 
     #[test]
     fn segments_list_blocks_in_address_order_with_their_state() {
         let (_sim, mut st) = shard("hot_cache:False");
-        let a = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
-        let b = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
+        let a = st
+            .malloc(1000, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+            .unwrap();
+        let b = st
+            .malloc(1000, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+            .unwrap();
         free(&mut st, a);
         let segs = st.segments();
         assert_eq!(segs.len(), 1);
@@ -128,8 +137,16 @@ mod tests {
         // Decreases only lower `current`; the snapshot derives `freed`, also after a
         // reset of the accumulated counts with allocations still live.
         let (_sim, mut st) = shard("");
-        let a = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
-        let b = st.malloc(3000, false, &NoPeers).unwrap().unwrap();
+        let a = st
+            .malloc(1000, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+            .unwrap();
+        let b = st
+            .malloc(3000, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+            .unwrap();
         free(&mut st, a);
         let s = st.stats_snapshot().allocated_bytes;
         let acc = |x: crate::stats::Stat| (x.current, x.allocated, x.freed);
@@ -140,7 +157,11 @@ mod tests {
         st.acct.reset_accumulated();
         let s = st.stats_snapshot().allocated_bytes;
         assert_eq!(acc(s[0]), (3072, 0, 0));
-        let c = st.malloc(512, false, &NoPeers).unwrap().unwrap();
+        let c = st
+            .malloc(512, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+            .unwrap();
         free(&mut st, b);
         free(&mut st, c);
         let s = st.stats_snapshot();

@@ -53,7 +53,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::ladder::Request;
+use super::request::Request;
 use super::ShardState;
 use crate::pool::rounding::ROUND_LARGE;
 use crate::pool::{BlockId, PoolKind};
@@ -141,6 +141,7 @@ impl ShardState {
 
 #[cfg(test)]
 mod tests {
+    use super::super::Released;
     use std::sync::atomic::Ordering;
     use std::sync::Arc;
 
@@ -159,12 +160,25 @@ mod tests {
         let conf = format!("{conf},reclaim_before_growth:False");
         let (sim, shared) = device(mib * MIB, conf.trim_start_matches(','));
         let mut st = ShardState::new(StreamHandle::DEFAULT, shared);
-        let big = st.malloc(60 * MIB, false, &NoPeers).unwrap().unwrap();
-        let _live = st.malloc(30 * MIB, false, &NoPeers).unwrap().unwrap();
+        let big = st
+            .malloc(60 * MIB, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+            .unwrap();
+        let _live = st
+            .malloc(30 * MIB, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+            .unwrap();
         free(&mut st, big);
         assert_eq!(st.acct.reserved, 90 * MIB);
         if fail_first {
-            assert_eq!(st.malloc(mib * MIB, false, &NoPeers).unwrap(), None);
+            assert_eq!(
+                st.malloc(mib * MIB, Released::Nothing, &NoPeers)
+                    .unwrap()
+                    .served(),
+                None
+            );
         }
         st.finish_merge();
         (sim, st)
@@ -186,10 +200,18 @@ mod tests {
         st: &mut ShardState,
     ) {
         let mallocs = sim.counters(0).mallocs;
-        let small = st.malloc(4 * MIB, false, &NoPeers).unwrap().unwrap();
+        let small = st
+            .malloc(4 * MIB, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+            .unwrap();
         assert_eq!(sim.counters(0).mallocs, mallocs + 1);
         assert_eq!(st.acct.reserved, 94 * MIB);
-        let big = st.malloc(60 * MIB, false, &NoPeers).unwrap().unwrap();
+        let big = st
+            .malloc(60 * MIB, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+            .unwrap();
         assert_eq!(sim.counters(0).mallocs, mallocs + 1);
         free(st, big);
         free(st, small);
@@ -203,7 +225,11 @@ mod tests {
         // PyTorch's best fit does (every uncapped replay).
         let (sim, mut st) = cached_60("", 200, false);
         let mallocs = sim.counters(0).mallocs;
-        let _small = st.malloc(4 * MIB, false, &NoPeers).unwrap().unwrap();
+        let _small = st
+            .malloc(4 * MIB, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+            .unwrap();
         assert_eq!(sim.counters(0).mallocs, mallocs, "split, no growth");
         st.finish_merge();
         check(&st);
@@ -225,7 +251,11 @@ mod tests {
         // no growth is tried, so none fails and later segments keep adaptive sizes.
         let (sim, mut st) = cached_60("", 100, false);
         let mallocs = sim.counters(0).mallocs;
-        assert!(st.malloc(12 * MIB, false, &NoPeers).unwrap().is_some());
+        assert!(st
+            .malloc(12 * MIB, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+            .is_some());
         assert_eq!(sim.counters(0).mallocs, mallocs);
         assert!(!st.shared.growth_failed.load(Ordering::Relaxed));
         st.finish_merge();
@@ -239,7 +269,10 @@ mod tests {
         let (sim, mut st) = cached_60("", 100, true);
         assert_eq!(sim.counters(0).mallocs, 2);
         let mallocs = sim.counters(0).mallocs;
-        let p = st.malloc(12 * MIB, false, &NoPeers).unwrap();
+        let p = st
+            .malloc(12 * MIB, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served();
         assert!(p.is_some());
         assert_eq!(sim.counters(0).mallocs, mallocs);
         assert_eq!(st.acct.stats.num_ooms, 0);
@@ -264,8 +297,9 @@ mod tests {
         let side = sim.create_stream(0).unwrap();
         let mut borrower = ShardState::new(side, shared);
         let q = borrower
-            .malloc(4 * MIB, false, &Others(vec![&lender]))
+            .malloc(4 * MIB, Released::Nothing, &Others(vec![&lender]))
             .unwrap()
+            .served()
             .unwrap();
         assert_ne!(q, big, "lent the head of the kept segment");
         // A growth has failed on this device: the new segment is the request's own
@@ -273,14 +307,23 @@ mod tests {
         assert_eq!(borrower.acct.reserved, 4 * MIB, "a segment of its own");
         check(&borrower);
         let mut l = lender.borrow_mut();
-        assert_eq!(l.malloc(60 * MIB, false, &NoPeers).unwrap(), Some(big));
+        assert_eq!(
+            l.malloc(60 * MIB, Released::Nothing, &NoPeers)
+                .unwrap()
+                .served(),
+            Some(big)
+        );
     }
 
     #[test]
     fn pytorchs_policy_splits_as_pytorch_does() {
         let (sim, mut st) = cached_60(crate::config::PYTORCH_POLICY, 100, true);
         let mallocs = sim.counters(0).mallocs;
-        let _small = st.malloc(4 * MIB, false, &NoPeers).unwrap().unwrap();
+        let _small = st
+            .malloc(4 * MIB, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+            .unwrap();
         assert_eq!(sim.counters(0).mallocs, mallocs);
     }
 }

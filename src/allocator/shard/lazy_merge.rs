@@ -287,6 +287,7 @@ impl ShardState {
 #[cfg(test)]
 mod tests {
     use super::super::testing::{check, device, free, shard};
+    use super::super::Released;
     use super::super::{NoPeers, ShardState};
     use crate::config::PYTORCH_POLICY;
     use crate::device::{DevicePtr, StreamHandle};
@@ -295,7 +296,11 @@ mod tests {
     #[test]
     fn a_large_pair_is_served_again_without_merging() {
         let (_sim, mut st) = shard("");
-        let p = st.malloc(8 << 20, false, &NoPeers).unwrap().unwrap();
+        let p = st
+            .malloc(8 << 20, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+            .unwrap();
         let id = st.ptrs.get(&p).copied().unwrap();
         free(&mut st, p);
         assert!(
@@ -304,7 +309,11 @@ mod tests {
         );
         assert_eq!(st.blocks.len(), 2, "not merged yet");
         assert_eq!(st.blocks[id].phase, Phase::Free);
-        let q = st.malloc(8 << 20, false, &NoPeers).unwrap().unwrap();
+        let q = st
+            .malloc(8 << 20, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+            .unwrap();
         assert_eq!(q, p);
         assert!(st.lazy.is_none());
         assert_eq!(
@@ -315,7 +324,11 @@ mod tests {
         check(&st);
         free(&mut st, q);
         // Another size served by the merged block: taken too.
-        let r = st.malloc(3 << 20, false, &NoPeers).unwrap().unwrap();
+        let r = st
+            .malloc(3 << 20, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+            .unwrap();
         assert_eq!((r, st.blocks.len()), (p, 2));
         check(&st);
     }
@@ -324,21 +337,41 @@ mod tests {
     fn a_request_the_merged_block_would_not_serve_completes_the_merge_first() {
         let (_sim, mut st) = shard("");
         // One 20 MiB segment: a (8 MiB), x, y (2 MiB each), a free 8 MiB tail.
-        let a = st.malloc(8 << 20, false, &NoPeers).unwrap().unwrap();
-        let x = st.malloc(2 << 20, false, &NoPeers).unwrap().unwrap();
-        let y = st.malloc(2 << 20, false, &NoPeers).unwrap().unwrap();
+        let a = st
+            .malloc(8 << 20, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+            .unwrap();
+        let x = st
+            .malloc(2 << 20, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+            .unwrap();
+        let y = st
+            .malloc(2 << 20, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+            .unwrap();
         assert_eq!((x, y), (a + (8 << 20), a + (10 << 20)));
         free(&mut st, x); // between two live blocks: only its insertion deferred
         assert!(st.lazy.is_some_and(|m| !m.has_rest()));
         free(&mut st, a); // x inserted, then a's merge with x deferred (10 MiB)
         assert!(st.lazy.is_some_and(|m| m.has_rest()));
         // Best fit for 3 MiB is the 8 MiB tail, not the 10 MiB merged block.
-        let e = st.malloc(3 << 20, false, &NoPeers).unwrap().unwrap();
+        let e = st
+            .malloc(3 << 20, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+            .unwrap();
         assert_eq!(e, a + (12 << 20));
         assert!(st.lazy.is_none(), "completed before best fit");
         check(&st);
         // Now the merged block (10 MiB at a) is the best fit for 9 MiB.
-        let f = st.malloc(9 << 20, false, &NoPeers).unwrap().unwrap();
+        let f = st
+            .malloc(9 << 20, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+            .unwrap();
         assert_eq!(f, a);
         check(&st);
     }
@@ -387,9 +420,17 @@ mod tests {
 
     /// A malloc, releasing this shard's cache and retrying if the device is full.
     fn alloc(st: &mut ShardState, size: usize) -> DevicePtr {
-        match st.malloc(size, false, &NoPeers).unwrap() {
+        match st
+            .malloc(size, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+        {
             Some(p) => p,
-            None => st.malloc(size, true, &NoPeers).unwrap().unwrap(),
+            None => st
+                .malloc(size, Released::Others, &NoPeers)
+                .unwrap()
+                .served()
+                .unwrap(),
         }
     }
 

@@ -44,7 +44,7 @@
 //! thousand allocations) is longer than every stream of the shipped and zoo replays,
 //! whose figures are unchanged (benches/README.md).
 
-use super::ladder::Request;
+use super::request::{BestFit, Counting, GrowFirst, Request};
 use super::Peers;
 use super::ShardState;
 use crate::device::{DevicePtr, StreamHandle};
@@ -131,17 +131,6 @@ impl Steadiness {
     }
 }
 
-/// Whether a miss grows this shard's cache before it borrows (`grow_before_borrowing`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum GrowFirst {
-    /// No: lending first, as usual.
-    No,
-    /// Yes, for a repeat borrow: that growth does not count as the device growing.
-    Repeat,
-    /// Yes, because this shard is steady: that growth counts as the device growing.
-    Steady,
-}
-
 impl ShardState {
     /// A lent block freed by its borrower: back to this stream's pool at once (the
     /// caller continues as for any free), marked dirty until a fence on the borrower
@@ -170,12 +159,12 @@ impl ShardState {
     /// device allocation, take a wholly free cached segment from another stream's shard.
     /// This stream waits on the device for an event recorded on the lender's stream
     /// (work queued there on the segment finishes first); the host never blocks.
-    /// `remember`: as for `borrow_block`.
+    /// `counting`: as for `borrow_block`.
     pub(super) fn borrow_segment(
         &mut self,
         req: &Request,
         seg_size: usize,
-        remember: bool,
+        counting: Counting,
         peers: &dyn Peers,
     ) -> Result<Option<BlockId>, Error> {
         let (stream, kind) = (req.stream, req.kind);
@@ -191,7 +180,7 @@ impl ShardState {
         let Some((ptr, size)) = lent else {
             return Ok(None);
         };
-        if remember {
+        if counting == Counting::Counted {
             self.note_borrow(req);
         }
         self.segment_added(kind, size);
@@ -231,20 +220,18 @@ impl ShardState {
     }
 
     /// Serves `req`, made on another stream (the borrower, `req.stream`), from this
-    /// shard's free blocks (best fit, as for its own requests). The borrower first waits
-    /// on the device for the work queued on this stream so far. The block stays this
-    /// shard's, allocated, with the borrower as its user; once freed it comes back at
-    /// once, dirty on the borrower (`return_lent`).
-    pub(super) fn lend_block(&mut self, req: &Request) -> Option<DevicePtr> {
-        self.lend_block_as::<false>(req)
-    }
-
-    /// `lend_block` for a borrower's fresh request (`borrow_block`): under memory
-    /// pressure, a whole segment of this shard may be kept for its size instead
-    /// (`keep_whole.rs`), as for this shard's own requests. Not for a pending free
-    /// (`pressure.rs`), which is taken for the request it was chosen for.
-    pub(super) fn lend_block_keeping_whole(&mut self, req: &Request) -> Option<DevicePtr> {
-        self.lend_block_as::<true>(req)
+    /// shard's free blocks, by best fit `fit`: for a borrower's fresh request
+    /// (`borrow_block`) the own cache's, which under memory pressure may keep a whole
+    /// segment for its size (`keep_whole.rs`); plain for a pending free (`pressure.rs`),
+    /// which is taken for the request it was chosen for, and after the release rungs.
+    /// The borrower first waits on the device for the work queued on this stream so
+    /// far. The block stays this shard's, allocated, with the borrower as its user;
+    /// once freed it comes back at once, dirty on the borrower (`return_lent`).
+    pub(super) fn lend_block(&mut self, req: &Request, fit: BestFit) -> Option<DevicePtr> {
+        match fit {
+            BestFit::KeepingWhole => self.lend_block_as::<true>(req),
+            BestFit::Plain => self.lend_block_as::<false>(req),
+        }
     }
 
     fn lend_block_as<const KEEP_WHOLE: bool>(&mut self, req: &Request) -> Option<DevicePtr> {
@@ -269,14 +256,13 @@ impl ShardState {
     }
 
     /// Block lending, the borrower's side (`lend_blocks`; never while capturing): another
-    /// stream's free block for this request (see `lend_block`). `remember`: count the
-    /// borrow for the repeat rule (module doc). `keep_whole`: the lender may keep a
-    /// whole segment for its size (`keep_whole.rs`; not at the last rung).
+    /// stream's free block for this request, by best fit `fit` (see `lend_block`).
+    /// `counting`: whether the borrow counts for the repeat rule (module doc).
     pub(super) fn borrow_block(
         &mut self,
         req: &Request,
-        remember: bool,
-        keep_whole: bool,
+        counting: Counting,
+        fit: BestFit,
         peers: &dyn Peers,
     ) -> Option<DevicePtr> {
         if !self.shared.config.lend_blocks || self.capture.capturing.is_some() {
@@ -284,14 +270,10 @@ impl ShardState {
         }
         let mut lent = None;
         peers.visit(&mut |other| {
-            lent = if keep_whole {
-                other.lend_block_keeping_whole(req)
-            } else {
-                other.lend_block(req)
-            };
+            lent = other.lend_block(req, fit);
             lent.is_none()
         });
-        if lent.is_some() && remember {
+        if lent.is_some() && counting == Counting::Counted {
             self.note_borrow(req);
         }
         lent
@@ -338,6 +320,7 @@ impl ShardState {
 
 #[cfg(test)]
 mod tests {
+    use super::super::Released;
     use std::cell::RefCell;
 
     use super::super::testing::{check, device, free, id_of, Others};
@@ -356,8 +339,9 @@ mod tests {
             freed: p,
         } = lender_and_borrower("lend_segments:False");
         let q = borrower
-            .malloc(4 << 20, false, &Others(vec![&lender]))
+            .malloc(4 << 20, Released::Nothing, &Others(vec![&lender]))
             .unwrap()
+            .served()
             .unwrap();
         assert_eq!(q, p, "served from the lender's free block");
         assert_eq!(
@@ -400,8 +384,9 @@ mod tests {
             ..
         } = lender_and_borrower("expandable_segments:True");
         let q = borrower
-            .malloc(4 << 20, false, &Others(vec![&lender]))
+            .malloc(4 << 20, Released::Nothing, &Others(vec![&lender]))
             .unwrap()
+            .served()
             .unwrap();
         let mut l = lender.borrow_mut();
         let id = id_of(&l, q);
@@ -440,7 +425,11 @@ mod tests {
         let lender = RefCell::new(ShardState::new(StreamHandle::DEFAULT, shared.clone()));
         let freed = {
             let mut l = lender.borrow_mut();
-            let p = l.malloc(4 << 20, false, &Others(vec![])).unwrap().unwrap();
+            let p = l
+                .malloc(4 << 20, Released::Nothing, &Others(vec![]))
+                .unwrap()
+                .served()
+                .unwrap();
             let id = l.ptrs.remove(&p).unwrap();
             l.free(id);
             p
@@ -458,8 +447,9 @@ mod tests {
     /// The borrower allocates 4 MiB and frees it; returns whether the lender served it.
     fn borrow_and_free(lender: &RefCell<ShardState>, borrower: &mut ShardState) -> bool {
         let p = borrower
-            .malloc(4 << 20, false, &Others(vec![lender]))
+            .malloc(4 << 20, Released::Nothing, &Others(vec![lender]))
             .unwrap()
+            .served()
             .unwrap();
         if let Some(id) = borrower.ptrs.remove(&p) {
             borrower.free(id);
@@ -517,7 +507,10 @@ mod tests {
         // The lender grows (the workload is not steady): the borrows so far do not count.
         let q = {
             let mut l = lender.borrow_mut();
-            l.malloc(30 << 20, false, &Others(vec![])).unwrap().unwrap()
+            l.malloc(30 << 20, Released::Nothing, &Others(vec![]))
+                .unwrap()
+                .served()
+                .unwrap()
         };
         assert_eq!(sim.counters(0).mallocs, 2);
         for _ in 0..REPEATS {
@@ -555,7 +548,11 @@ mod tests {
     /// them after the first): the shard's malloc clock moves by `n`.
     fn tick(st: &mut ShardState, others: &Others, n: u64) {
         for _ in 0..n {
-            let p = st.malloc(1024, false, others).unwrap().unwrap();
+            let p = st
+                .malloc(1024, Released::Nothing, others)
+                .unwrap()
+                .served()
+                .unwrap();
             free(st, p);
         }
     }
@@ -599,19 +596,39 @@ mod tests {
         let (sim, shared) = device(1 << 30, "");
         let mut st = ShardState::new(crate::device::StreamHandle::DEFAULT, shared);
         let none = Others(vec![]);
-        let small = st.malloc(1024, false, &none).unwrap().unwrap(); // a small segment
-        let idle = st.malloc(12 << 20, false, &none).unwrap().unwrap();
+        let small = st
+            .malloc(1024, Released::Nothing, &none)
+            .unwrap()
+            .served()
+            .unwrap(); // a small segment
+        let idle = st
+            .malloc(12 << 20, Released::Nothing, &none)
+            .unwrap()
+            .served()
+            .unwrap();
         free(&mut st, idle); // a 20 MiB segment, idle, at the high-water mark
         tick(&mut st, &none, STEADY_CALLS);
         let frees = sim.counters(0).frees;
-        let live = st.malloc(24 << 20, false, &none).unwrap().unwrap();
+        let live = st
+            .malloc(24 << 20, Released::Nothing, &none)
+            .unwrap()
+            .served()
+            .unwrap();
         assert_eq!(sim.counters(0).frees, frees, "the idle segment stays");
         assert_eq!(st.acct.reserved, (20 << 20) + (2 << 20) + (24 << 20));
         // A second growth soon after: no longer steady, the idle segment goes back
         // before the third.
-        let second = st.malloc(40 << 20, false, &none).unwrap().unwrap();
+        let second = st
+            .malloc(40 << 20, Released::Nothing, &none)
+            .unwrap()
+            .served()
+            .unwrap();
         assert_eq!(sim.counters(0).frees, frees);
-        let third = st.malloc(48 << 20, false, &none).unwrap().unwrap();
+        let third = st
+            .malloc(48 << 20, Released::Nothing, &none)
+            .unwrap()
+            .served()
+            .unwrap();
         assert_eq!(sim.counters(0).frees, frees + 1, "reclaimed again");
         for p in [small, live, second, third] {
             free(&mut st, p);
@@ -629,8 +646,9 @@ mod tests {
             ..
         } = lender_and_borrower("");
         borrower
-            .malloc(4 << 20, false, &Others(vec![&lender]))
+            .malloc(4 << 20, Released::Nothing, &Others(vec![&lender]))
             .unwrap()
+            .served()
             .unwrap();
         assert_eq!(sim.counters(0).mallocs, 1);
         assert_eq!(

@@ -3,7 +3,9 @@
 //!
 //! | file | concern |
 //! |---|---|
-//! | `ladder.rs` | the malloc ladder: own cache → lending → grow → release and grow |
+//! | `request.rs` | the values the miss path passes between rungs (a leaf) |
+//! | `ladder.rs` | the miss path: the ladder of rungs, own cache → lending → grow → release |
+//! | `grow.rs` | new segments (or pages) and their sizes |
 //! | `free_lists.rs` | best fit, split, hot cache, merge; block statistics |
 //! | `lazy_merge.rs` | a free's merge deferred to the next operation, invisibly |
 //! | `events.rs` | frees, `record_stream`, cross-stream events, parked frees |
@@ -29,6 +31,7 @@ mod capture;
 mod events;
 mod expandable;
 mod free_lists;
+mod grow;
 mod inspect;
 mod keep_whole;
 mod ladder;
@@ -37,10 +40,13 @@ mod lending;
 mod ordering;
 mod pressure;
 mod release;
+mod request;
 mod small_spill;
 
 pub use capture::PrivatePool;
+use ladder::Ladder;
 use lazy_merge::LazyMerge;
+pub(crate) use request::{Outcome, Released};
 
 use rustc_hash::FxHashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -50,7 +56,7 @@ use slab::Slab;
 
 use super::shared::Shared;
 use super::totals::{pack, stat_at, unpack, Kind, Mode, StatLog, NO_SLOT};
-use crate::device::{Device, DeviceIndex, DevicePtr, StreamHandle};
+use crate::device::{Device, DeviceIndex, StreamHandle};
 use crate::error::Error;
 use crate::pool::{Block, BlockId, PoolTag, PtrTable, StreamMap, VmSegment};
 use crate::stats::{DeviceStats, StatType};
@@ -62,17 +68,11 @@ pub(crate) trait Peers {
     fn visit(&self, f: &mut dyn FnMut(&mut ShardState) -> bool);
 }
 
-/// Where a request that missed this stream's free lists is served.
-enum Grant {
-    /// A block of this shard (from a new or borrowed segment, or pages mapped).
-    Own(BlockId),
-    /// A block lent by another stream's shard, which keeps it (see `lend_block`).
-    Lent(DevicePtr),
-}
-
-/// No other shards (tests of one shard, and the last-resort pass).
+/// No other shards (tests of one shard).
+#[cfg(test)]
 pub(crate) struct NoPeers;
 
+#[cfg(test)]
 impl Peers for NoPeers {
     fn visit(&self, _: &mut dyn FnMut(&mut ShardState) -> bool) {}
 }
@@ -107,6 +107,8 @@ pub(super) struct ShardState {
     pub lending: Lending,
     /// The clocks and back-off of giving memory back (`release.rs`).
     pub reclaim: Reclaim,
+    /// The miss path's rungs, in order (`ladder.rs`), built from the settings.
+    ladder: Ladder,
     /// The merge a free deferred to the next operation, if any (`lazy_merge.rs`).
     lazy: Option<LazyMerge>,
     /// Tests only: merge at every free (the reference the lazy merge is compared with).
@@ -432,6 +434,7 @@ impl ShardState {
         let mut known_streams = FxHashSet::default();
         known_streams.insert(StreamHandle::DEFAULT);
         let log = StatLog::new(shared.clone());
+        let ladder = Ladder::new(&shared.config);
         ShardState {
             stream,
             dev: shared.device.clone(),
@@ -450,6 +453,7 @@ impl ShardState {
             capture: Capture::default(),
             lending: Lending::default(),
             reclaim: Reclaim::default(),
+            ladder,
             lazy: None,
             #[cfg(test)]
             eager_merge: false,

@@ -46,8 +46,8 @@
 //! Invariant: only blocks whose wait count equals their queued events (none parked or
 //! deferred) are candidates, so ending their waits returns them to the free lists.
 
-use super::ladder::Request;
-use super::{Grant, Peers, ShardState};
+use super::request::{BestFit, Grant, Request};
+use super::{Peers, ShardState};
 use crate::device::{DevicePtr, EventHandle, StreamHandle};
 use crate::pool::{BlockId, Phase};
 
@@ -206,7 +206,7 @@ impl ShardState {
             return None;
         }
         self.flush_hot();
-        self.lend_block(req)
+        self.lend_block(req, BestFit::Plain)
     }
 
     /// The pending free of this shard's own pool that fits `req` and whose streams are
@@ -248,6 +248,7 @@ impl ShardState {
 
 #[cfg(test)]
 mod tests {
+    use super::super::Released;
     use std::cell::RefCell;
 
     use super::super::testing::{check, device, free, id_of, Others};
@@ -269,7 +270,11 @@ mod tests {
         let (sim, shared) = device(50 * MIB, conf);
         let mut st = ShardState::new(StreamHandle::DEFAULT, shared);
         let side = sim.create_stream(0).unwrap();
-        let p = st.malloc(30 * MIB, false, &NoPeers).unwrap().unwrap();
+        let p = st
+            .malloc(30 * MIB, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+            .unwrap();
         let id = id_of(&st, p);
         st.record_stream(id, p, side).unwrap();
         free(&mut st, p);
@@ -280,7 +285,11 @@ mod tests {
     #[test]
     fn under_pressure_the_stream_waits_on_the_device_for_a_pending_free() {
         let (sim, mut st, p, side) = pressed("");
-        let q = st.malloc(30 * MIB, false, &NoPeers).unwrap().unwrap();
+        let q = st
+            .malloc(30 * MIB, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+            .unwrap();
         assert_eq!(q, p, "the pending block serves it");
         let c = sim.counters(0);
         assert_eq!((c.synchronizations, c.mallocs, c.stream_waits), (0, 1, 1));
@@ -300,24 +309,49 @@ mod tests {
         let (sim, shared) = device(64 * MIB, "adaptive_segments:False");
         let mut st = ShardState::new(StreamHandle::DEFAULT, shared);
         let side = sim.create_stream(0).unwrap();
-        let whole = st.malloc(62 * MIB, false, &NoPeers).unwrap().unwrap();
+        let whole = st
+            .malloc(62 * MIB, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+            .unwrap();
         free(&mut st, whole);
-        let pa = st.malloc(30 * MIB, false, &NoPeers).unwrap().unwrap();
-        let pb = st.malloc(30 * MIB, false, &NoPeers).unwrap().unwrap();
-        let _keep = st.malloc(2 * MIB, false, &NoPeers).unwrap().unwrap();
+        let pa = st
+            .malloc(30 * MIB, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+            .unwrap();
+        let pb = st
+            .malloc(30 * MIB, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+            .unwrap();
+        let _keep = st
+            .malloc(2 * MIB, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+            .unwrap();
         for q in [pa, pb] {
             st.record_stream(id_of(&st, q), q, side).unwrap();
             free(&mut st, q);
         }
         assert_eq!(st.pending_count(), 2);
-        let q = st.malloc(30 * MIB, false, &NoPeers).unwrap().unwrap();
+        let q = st
+            .malloc(30 * MIB, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+            .unwrap();
         assert_eq!(q, pa, "the first freed, closest to done");
         assert_eq!(
             st.pending_count(),
             0,
             "the later free is covered by the same wait"
         );
-        assert_eq!(st.malloc(30 * MIB, false, &NoPeers).unwrap(), Some(pb));
+        assert_eq!(
+            st.malloc(30 * MIB, Released::Nothing, &NoPeers)
+                .unwrap()
+                .served(),
+            Some(pb)
+        );
         let c = sim.counters(0);
         assert_eq!((c.synchronizations, c.mallocs, c.stream_waits), (0, 1, 1));
         check(&st);
@@ -326,15 +360,30 @@ mod tests {
     #[test]
     fn pytorchs_path_and_plentiful_memory_add_no_wait() {
         let (sim, mut st, _, _) = pressed("wait_before_growth:False");
-        assert_eq!(st.malloc(30 * MIB, false, &NoPeers).unwrap(), None);
+        assert_eq!(
+            st.malloc(30 * MIB, Released::Nothing, &NoPeers)
+                .unwrap()
+                .served(),
+            None
+        );
         assert_eq!(sim.counters(0).stream_waits, 0);
         let (sim, shared) = device(1 << 30, "");
         let mut st = ShardState::new(StreamHandle::DEFAULT, shared);
         let side = sim.create_stream(0).unwrap();
-        let p = st.malloc(30 * MIB, false, &NoPeers).unwrap().unwrap();
+        let p = st
+            .malloc(30 * MIB, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+            .unwrap();
         st.record_stream(id_of(&st, p), p, side).unwrap();
         free(&mut st, p);
-        assert_ne!(st.malloc(30 * MIB, false, &NoPeers).unwrap().unwrap(), p);
+        assert_ne!(
+            st.malloc(30 * MIB, Released::Nothing, &NoPeers)
+                .unwrap()
+                .served()
+                .unwrap(),
+            p
+        );
         assert_eq!(sim.counters(0).stream_waits, 0);
         check(&st);
     }
@@ -344,13 +393,27 @@ mod tests {
         let (sim, shared) = device(1 << 30, "reserve_budget_mb:40");
         let mut st = ShardState::new(StreamHandle::DEFAULT, shared);
         let side = sim.create_stream(0).unwrap();
-        let p = st.malloc(30 * MIB, false, &NoPeers).unwrap().unwrap();
+        let p = st
+            .malloc(30 * MIB, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+            .unwrap();
         st.record_stream(id_of(&st, p), p, side).unwrap();
         free(&mut st, p);
-        assert_eq!(st.malloc(30 * MIB, false, &NoPeers).unwrap().unwrap(), p);
+        assert_eq!(
+            st.malloc(30 * MIB, Released::Nothing, &NoPeers)
+                .unwrap()
+                .served()
+                .unwrap(),
+            p
+        );
         assert_eq!(sim.counters(0).mallocs, 1);
         // Nothing pending: the budget is soft, growth goes on.
-        assert!(st.malloc(30 * MIB, false, &NoPeers).unwrap().is_some());
+        assert!(st
+            .malloc(30 * MIB, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+            .is_some());
         assert_eq!(sim.counters(0).mallocs, 2);
         check(&st);
     }
@@ -360,7 +423,11 @@ mod tests {
         let (sim, mut st, _, _) = pressed("");
         st.begin_allocate_to_pool(crate::device::MempoolId(1, 1))
             .unwrap();
-        assert!(st.malloc(30 * MIB, false, &NoPeers).is_err());
+        let e = st
+            .malloc(30 * MIB, Released::Nothing, &NoPeers)
+            .unwrap()
+            .unwrap_oom();
+        assert!(matches!(e, crate::error::Error::OutOfMemory { .. }));
         assert_eq!(sim.counters(0).stream_waits, 0);
     }
 
@@ -385,7 +452,10 @@ mod tests {
     #[test]
     fn another_streams_pending_free_is_lent_after_device_waits() {
         let (sim, lender, mut b, p, side) = lender_and("", |sim, _| sim.create_stream(0).unwrap());
-        let q = b.malloc(30 * MIB, false, &Others(vec![&lender])).unwrap();
+        let q = b
+            .malloc(30 * MIB, Released::Nothing, &Others(vec![&lender]))
+            .unwrap()
+            .served();
         assert_eq!(q, Some(p), "the lender's pending free serves it");
         let c = sim.counters(0);
         // One wait for the event recorded on `side` at the free, one for the lender's
@@ -414,7 +484,10 @@ mod tests {
         // The borrower is the stream the block was recorded on: its own order covers
         // the event recorded there; it waits for the lender's stream only.
         let (sim, lender, mut b, p, _) = lender_and("", |_, side| side);
-        let q = b.malloc(30 * MIB, false, &Others(vec![&lender])).unwrap();
+        let q = b
+            .malloc(30 * MIB, Released::Nothing, &Others(vec![&lender]))
+            .unwrap()
+            .served();
         assert_eq!(q, Some(p));
         let c = sim.counters(0);
         assert_eq!((c.synchronizations, c.stream_waits), (0, 1));
@@ -426,7 +499,9 @@ mod tests {
         let (sim, lender, mut b, _, _) =
             lender_and("lend_blocks:False", |sim, _| sim.create_stream(0).unwrap());
         assert_eq!(
-            b.malloc(30 * MIB, false, &Others(vec![&lender])).unwrap(),
+            b.malloc(30 * MIB, Released::Nothing, &Others(vec![&lender]))
+                .unwrap()
+                .served(),
             None
         );
         assert_eq!(sim.counters(0).stream_waits, 0);
@@ -436,7 +511,9 @@ mod tests {
             .begin_allocate_to_pool(crate::device::MempoolId(1, 1))
             .unwrap();
         assert_eq!(
-            b.malloc(30 * MIB, false, &Others(vec![&lender])).unwrap(),
+            b.malloc(30 * MIB, Released::Nothing, &Others(vec![&lender]))
+                .unwrap()
+                .served(),
             None
         );
         assert_eq!(sim.counters(0).stream_waits, 0);

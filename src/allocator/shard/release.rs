@@ -316,12 +316,21 @@ impl ShardState {
 mod tests {
     use super::super::testing::{check, free, shard};
     use super::super::NoPeers;
+    use super::super::Released;
 
     #[test]
     fn a_cache_release_frees_every_free_segment() {
         let (sim, mut st) = shard("");
-        let small = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
-        let large = st.malloc(4 << 20, false, &NoPeers).unwrap().unwrap();
+        let small = st
+            .malloc(1000, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+            .unwrap();
+        let large = st
+            .malloc(4 << 20, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+            .unwrap();
         free(&mut st, small);
         free(&mut st, large);
         assert_eq!(st.acct.reserved, (2 << 20) + (20 << 20));
@@ -335,7 +344,11 @@ mod tests {
     #[test]
     fn live_blocks_keep_their_segment() {
         let (_sim, mut st) = shard("");
-        let _live = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
+        let _live = st
+            .malloc(1000, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+            .unwrap();
         st.release_cached_blocks().unwrap();
         assert_eq!(st.acct.reserved, 2 << 20);
         check(&st);

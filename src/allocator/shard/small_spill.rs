@@ -33,7 +33,7 @@
 //! large-pool block (two cases better, host syncs at each case's own min capacity
 //! 368 → 4,337).
 
-use super::ladder::Request;
+use super::request::Request;
 use super::ShardState;
 use crate::pool::{BlockId, PoolKind};
 
@@ -52,6 +52,7 @@ impl ShardState {
 #[cfg(test)]
 mod tests {
     use super::super::testing::{check, free, id_of, shard_on};
+    use super::super::Released;
     use super::super::{NoPeers, ShardState};
     use crate::device::sim::SimDevice;
     use crate::error::Error;
@@ -65,12 +66,28 @@ mod tests {
     /// filled by 1 MiB requests: no small-pool segment can grow.
     fn full_small_pool(conf: &str) -> (Arc<SimDevice>, ShardState) {
         let (sim, mut st) = shard_on(24 << 20, conf);
-        let whole = st.malloc(20 << 20, false, &NoPeers).unwrap().unwrap();
+        let whole = st
+            .malloc(20 << 20, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+            .unwrap();
         free(&mut st, whole);
-        let large = st.malloc(12 << 20, false, &NoPeers).unwrap().unwrap();
-        let _pin = st.malloc(2 << 20, false, &NoPeers).unwrap().unwrap();
+        let large = st
+            .malloc(12 << 20, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+            .unwrap();
+        let _pin = st
+            .malloc(2 << 20, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+            .unwrap();
         for _ in 0..4 {
-            assert!(st.malloc(1 << 20, false, &NoPeers).unwrap().is_some());
+            assert!(st
+                .malloc(1 << 20, Released::Nothing, &NoPeers)
+                .unwrap()
+                .served()
+                .is_some());
         }
         free(&mut st, large);
         st.finish_merge();
@@ -81,8 +98,17 @@ mod tests {
     #[test]
     fn a_small_request_takes_a_large_block_rather_than_run_out_of_memory() {
         let (sim, mut st) = full_small_pool("");
-        assert_eq!(st.malloc(1000, false, &NoPeers).unwrap(), None);
-        let p = st.malloc(1000, true, &NoPeers).unwrap().unwrap();
+        assert_eq!(
+            st.malloc(1000, Released::Nothing, &NoPeers)
+                .unwrap()
+                .served(),
+            None
+        );
+        let p = st
+            .malloc(1000, Released::Others, &NoPeers)
+            .unwrap()
+            .served()
+            .unwrap();
         let id = id_of(&st, p);
         assert_eq!(st.blocks[id].kind, PoolKind::Large);
         assert_eq!(st.blocks[id].size, 1024);
@@ -115,8 +141,16 @@ mod tests {
     #[test]
     fn pytorchs_policy_keeps_its_pools_apart() {
         let (_sim, mut st) = full_small_pool(crate::config::PYTORCH_POLICY);
-        assert_eq!(st.malloc(1000, false, &NoPeers).unwrap(), None);
-        let e = st.malloc(1000, true, &NoPeers).unwrap_err();
+        assert_eq!(
+            st.malloc(1000, Released::Nothing, &NoPeers)
+                .unwrap()
+                .served(),
+            None
+        );
+        let e = st
+            .malloc(1000, Released::Others, &NoPeers)
+            .unwrap()
+            .unwrap_oom();
         assert!(matches!(e, Error::OutOfMemory { .. }));
         check(&st);
     }
