@@ -1,20 +1,24 @@
 //! Allocator settings, parsed from PyTorch's `key:value,key:value` syntax
-//! (`NPUALLOC_CONF`, `PYTORCH_NPU_ALLOC_CONF`).
+//! (`NPUALLOC_CONF`, `PYTORCH_NPU_ALLOC_CONF`). The allocator resolves them once into
+//! its [`Policy`](crate::policy::Policy), which says which combinations are supported.
 //!
 //! Supported keys: `max_split_size_mb`, `max_non_split_rounding_mb`,
 //! `roundup_power2_divisions` (one power of two, or a list
 //! `[256:1,512:2,>:4]` keyed by MiB intervals), `garbage_collection_threshold`,
 //! `expandable_segments`, `large_segment_size_mb`, `small_segment_size_mb`,
-//! `page_size` (`1g`), and npualloc's own `reclaim_before_growth`, `adaptive_segments`,
-//! `hot_cache`, `lend_segments`, `lend_blocks` and `wait_before_growth` (all `False`
-//! gives PyTorch's policy exactly), `reserve_budget_mb` (a soft ceiling on reserved
-//! memory, off by default) and `request_padding` (bytes added to every request before
-//! rounding; [`TORCH_NPU_POLICY`] sets torch_npu's 32) and `base_addr_aligned_kb`
-//! (torch_npu's head split with expandable segments, off by default; the preset sets
-//! torch_npu's 16), and `expandable_best_fit` (PyTorch's best fit with expandable
-//! segments, which npualloc's default leaves out: on in both presets),
-//! `adaptive_pages` (expandable large-pool pages scaled to the workload, off by
-//! default and in both presets), and `exact_stats` (exact device-wide peaks with several streams, on by default).
+//! `page_size` (`1g`); npualloc's own rules, each `True` by default and one behaviour
+//! (see [`Policy`](crate::policy::Policy)): `reclaim_before_growth`,
+//! `adaptive_segments`, `keep_whole`, `hot_cache`, `lazy_merge`, `lend_segments`,
+//! `lend_blocks`, `pressure_wait`, `release_clean`, `sync_per_stream`, `look_again`,
+//! `small_spill` (`wait_before_growth` sets the last five at once: npualloc's path at
+//! the end of a miss); `reserve_budget_mb` (a soft ceiling on reserved memory, off by
+//! default) and `request_padding` (bytes added to every request before rounding;
+//! [`TORCH_NPU_POLICY`] sets torch_npu's 32) and `base_addr_aligned_kb` (torch_npu's
+//! head split with expandable segments, off by default; the preset sets torch_npu's
+//! 16), and `expandable_best_fit` (PyTorch's best fit with expandable segments, which
+//! npualloc's default leaves out: on in both presets), `adaptive_pages` (expandable
+//! large-pool pages scaled to the workload, off by default and in both presets), and
+//! `exact_stats` (exact device-wide peaks with several streams, on by default).
 //! `Config::parse_torch_npu` reads `PYTORCH_NPU_ALLOC_CONF` as torch_npu 2.14
 //! does: every key torch_npu accepts is accepted (equivalents honoured, the rest listed
 //! as ignored).
@@ -99,11 +103,31 @@ pub struct Config {
     /// (`request_padding:32`); the device's own padding (`Device::request_padding`) is
     /// not added to it: the larger of the two applies.
     pub request_padding: usize,
+    /// Under memory pressure best fit keeps a whole segment for its size (npualloc's
+    /// addition, `shard/keep_whole.rs`; needs `adaptive_segments`).
+    pub keep_whole: bool,
+    /// A caller's free of a large-pool block may leave its merge to the next operation,
+    /// invisibly (npualloc's addition, `shard/lazy_merge.rs`; a speed rule only).
+    pub lazy_merge: bool,
     /// Under memory pressure (growth would pass the capacity, the memory fraction or
     /// `reserve_budget`), make the allocating stream wait on the device for the event
     /// of a pending free that fits instead of growing or synchronising the host
-    /// (npualloc's addition, `shard/pressure.rs`; `False` gives PyTorch's path).
-    pub wait_before_growth: bool,
+    /// (npualloc's addition, `shard/pressure.rs`; ordinary segments only).
+    pub pressure_wait: bool,
+    /// Before the other streams' caches are synchronised and released, give back every
+    /// stream's cached segments that need no host wait and try again (npualloc's
+    /// addition, `allocator/last_resort.rs`; ordinary segments only).
+    pub release_clean: bool,
+    /// A cache release host-synchronises each stream holding pending frees once
+    /// (npualloc's addition, `shard/events.rs`; `False`: each event, as PyTorch).
+    pub sync_per_stream: bool,
+    /// After the last release, look at the free blocks again before out of memory:
+    /// this stream's, then (with `lend_blocks`) other streams' (npualloc's addition).
+    pub look_again: bool,
+    /// At the very end, a small request takes a free large-pool block rather than run
+    /// out of memory (npualloc's addition, `shard/small_spill.rs`; ordinary segments
+    /// only).
+    pub small_spill: bool,
     /// With expandable segments, best fit counts a free block at the end of a run of
     /// mapped pages as the bytes it can grow to (its own plus the unmapped pages after
     /// it), so a request takes a larger block elsewhere first: PyTorch's and
@@ -126,7 +150,7 @@ pub struct Config {
     /// default): blocks start where the free block does, as PyTorch's.
     pub base_addr_align: usize,
     /// A soft ceiling on reserved bytes (`reserve_budget_mb`): growth past it first tries
-    /// a device-side wait for a pending free (with `wait_before_growth`), then grows
+    /// a device-side wait for a pending free (with `pressure_wait`), then grows
     /// anyway. `None` (the default): no budget.
     pub reserve_budget: Option<usize>,
     /// Device-wide statistics exact with several streams (the default, as PyTorch's):
@@ -157,7 +181,13 @@ impl Default for Config {
             base_addr_align: 0,
             expandable_best_fit: false,
             adaptive_pages: false,
-            wait_before_growth: true,
+            keep_whole: true,
+            lazy_merge: true,
+            pressure_wait: true,
+            release_clean: true,
+            sync_per_stream: true,
+            look_again: true,
+            small_spill: true,
             reserve_budget: None,
             exact_stats: true,
         }
@@ -243,6 +273,8 @@ impl Config {
     /// Parses a settings string; an empty string gives the defaults.
     pub fn parse(s: &str) -> Result<Config, Error> {
         let mut cfg = Config::default();
+        // Rules named explicitly, checked against the combinations that apply.
+        let mut named: Vec<&str> = Vec::new();
         let s: String = s.chars().filter(|c| !c.is_whitespace()).collect();
         for item in split_top_level(&s) {
             if item.is_empty() {
@@ -284,6 +316,7 @@ impl Config {
                 }
                 "lend_segments" => {
                     cfg.lend_segments = parse_bool(key, value)?;
+                    named.push(key);
                 }
                 "lend_blocks" => {
                     cfg.lend_blocks = parse_bool(key, value)?;
@@ -302,7 +335,37 @@ impl Config {
                     cfg.request_padding = n;
                 }
                 "wait_before_growth" => {
-                    cfg.wait_before_growth = parse_bool(key, value)?;
+                    let on = parse_bool(key, value)?;
+                    cfg.pressure_wait = on;
+                    cfg.release_clean = on;
+                    cfg.sync_per_stream = on;
+                    cfg.look_again = on;
+                    cfg.small_spill = on;
+                }
+                "keep_whole" => {
+                    cfg.keep_whole = parse_bool(key, value)?;
+                    named.push(key);
+                }
+                "lazy_merge" => {
+                    cfg.lazy_merge = parse_bool(key, value)?;
+                }
+                "pressure_wait" => {
+                    cfg.pressure_wait = parse_bool(key, value)?;
+                    named.push(key);
+                }
+                "release_clean" => {
+                    cfg.release_clean = parse_bool(key, value)?;
+                    named.push(key);
+                }
+                "sync_per_stream" => {
+                    cfg.sync_per_stream = parse_bool(key, value)?;
+                }
+                "look_again" => {
+                    cfg.look_again = parse_bool(key, value)?;
+                }
+                "small_spill" => {
+                    cfg.small_spill = parse_bool(key, value)?;
+                    named.push(key);
                 }
                 "expandable_best_fit" => {
                     cfg.expandable_best_fit = parse_bool(key, value)?;
@@ -336,6 +399,7 @@ impl Config {
                 }
             }
         }
+        cfg.check_rules(&named)?;
         if cfg.expandable_segments {
             if cfg.max_split_size != usize::MAX {
                 return Err(Error::InvalidConfig(
@@ -354,6 +418,44 @@ impl Config {
             }
         }
         Ok(cfg)
+    }
+
+    /// Refuses a rule named `True` (in `named`) where it does not apply
+    /// ([`Policy`](crate::policy::Policy)'s dependencies).
+    fn check_rules(&self, named: &[&str]) -> Result<(), Error> {
+        let on = |key: &str| {
+            named.contains(&key)
+                && match key {
+                    "keep_whole" => self.keep_whole,
+                    "lend_segments" => self.lend_segments,
+                    "pressure_wait" => self.pressure_wait,
+                    "release_clean" => self.release_clean,
+                    "small_spill" => self.small_spill,
+                    _ => false,
+                }
+        };
+        if self.expandable_segments {
+            let ordinary = [
+                "lend_segments",
+                "keep_whole",
+                "pressure_wait",
+                "release_clean",
+            ];
+            if let Some(key) = ordinary.into_iter().chain(["small_spill"]).find(|k| on(k)) {
+                return Err(Error::InvalidConfig(format!(
+                    "{key}:True needs ordinary segments; it does not apply with \
+                     expandable_segments:True"
+                )));
+            }
+        }
+        if on("keep_whole") && !self.adaptive_segments {
+            return Err(Error::InvalidConfig(
+                "keep_whole:True needs adaptive_segments:True (a request kept out of a \
+                 whole segment grows its own size, which only adaptive sizing gives)"
+                    .into(),
+            ));
+        }
+        Ok(())
     }
 
     /// Page size of expandable segments of `kind`.
@@ -599,7 +701,8 @@ mod tests {
         let c = Config::parse(PYTORCH_POLICY).unwrap();
         assert!(!c.reclaim_before_growth && !c.adaptive_segments);
         assert!(!c.hot_cache && !c.lend_segments && !c.lend_blocks);
-        assert!(!c.wait_before_growth && c.reserve_budget.is_none());
+        assert!(!c.pressure_wait && !c.release_clean && !c.small_spill);
+        assert!(!c.sync_per_stream && !c.look_again && c.reserve_budget.is_none());
         let d = Config::default();
         assert!(d.reclaim_before_growth && d.adaptive_segments && d.hot_cache && d.lend_segments);
         assert!(d.lend_blocks);
@@ -613,7 +716,11 @@ mod tests {
                 hot_cache: true,
                 lend_segments: true,
                 lend_blocks: true,
-                wait_before_growth: true,
+                pressure_wait: true,
+                release_clean: true,
+                sync_per_stream: true,
+                look_again: true,
+                small_spill: true,
                 expandable_best_fit: false,
                 ..c
             },

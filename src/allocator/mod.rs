@@ -48,6 +48,7 @@ use parking_lot::RwLock;
 use crate::config::Config;
 use crate::device::{Device, DeviceIndex, DevicePtr, MempoolId, StreamHandle};
 use crate::error::Error;
+use crate::policy::{Policy, Regime};
 use crate::pool::BlockId;
 use crate::profiling::Mstx;
 use crate::stats::PrivatePoolStats;
@@ -605,14 +606,31 @@ impl CachingAllocator {
     }
 
     /// Waits for every pending event, then returns every unused cached segment (and
-    /// idle event) to the device.
+    /// idle event) to the device. Ends the memory-short regime ([`Regime`]) when every
+    /// shard emptied its cache.
     pub fn empty_cache(&self) -> Result<(), Error> {
         let mut result = Ok(());
         for s in self.shards.all() {
             let emptied = self.with_shard(s, |st| st.empty_cache());
             result = result.and(emptied);
         }
+        if result.is_ok() {
+            self.shared.set_memory_short(false);
+        }
         result
+    }
+
+    /// The regime the allocator runs in: [`Regime::MemoryShort`] from the first failed
+    /// growth that the device could have held when empty until the next successful
+    /// [`empty_cache`](Self::empty_cache), else [`Regime::Plentiful`] (Note [the
+    /// memory-short regime] in [`policy`](crate::policy)).
+    pub fn regime(&self) -> Regime {
+        self.shared.regime()
+    }
+
+    /// The rules in force, resolved from the settings at creation.
+    pub fn policy(&self) -> Policy {
+        self.shared.policy
     }
 
     /// Caps reserved memory at `fraction` of the device's total memory.

@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use crate::config::Config;
 use crate::device::{Device, DeviceIndex, StreamHandle};
+use crate::policy::{Policy, Regime};
 use crate::profiling::Mstx;
 use crate::stats::PrivatePoolReserved;
 
@@ -42,6 +43,8 @@ pub(crate) struct Shared {
     /// Its index.
     pub index: DeviceIndex,
     pub config: Config,
+    /// The rules in force, resolved once from `config`.
+    pub policy: Policy,
     /// Profiler markers around the slow paths.
     pub markers: Arc<Mstx>,
     /// Bytes added to each request before rounding: the device's
@@ -83,11 +86,10 @@ pub(crate) struct Shared {
     /// Reserved bytes per graph-private pool, over every shard (a pool spans the streams
     /// routed to it); written only where a pool's device memory grows or shrinks.
     pub private_reserved: Mutex<PrivatePoolReserved>,
-    /// Set (for good) when a device malloc for a new segment the device could hold
-    /// when empty first failed: memory pressure was seen, best fit keeps whole segments
-    /// (`shard/keep_whole.rs`) and new ones are the request's own size (`shard/ladder.rs`).
-    /// A request larger than the device or the memory fraction does not set it.
-    pub growth_failed: AtomicBool,
+    /// Whether the allocator runs in the memory-short regime (`Regime::MemoryShort`,
+    /// Note [the memory-short regime] in `policy.rs`): set when a device malloc for a
+    /// new segment the device could hold when empty fails, cleared by `empty_cache`.
+    memory_short: AtomicBool,
     /// The device's total memory (`Device::mem_info`), asked once on first use; 0 until
     /// then, `usize::MAX` if the device could not say ([`Shared::device_total`]).
     device_total: AtomicUsize,
@@ -104,6 +106,7 @@ impl Shared {
             device,
             index,
             padding: padding.max(config.request_padding),
+            policy: Policy::from_config(&config),
             config,
             markers: Mstx::global(),
             reserved: AtomicUsize::new(0),
@@ -119,7 +122,7 @@ impl Shared {
             capturing: Mutex::new(Vec::new()),
             capture_count: AtomicUsize::new(0),
             private_reserved: Mutex::new(PrivatePoolReserved::default()),
-            growth_failed: AtomicBool::new(false),
+            memory_short: AtomicBool::new(false),
             device_total: AtomicUsize::new(0),
         }
     }
@@ -146,6 +149,27 @@ impl Shared {
     pub fn fits_beside(&self, held: usize, bytes: usize) -> bool {
         let want = held.saturating_add(bytes);
         want <= self.device_total() && self.allowed_max().is_none_or(|m| want <= m)
+    }
+
+    /// The regime the allocator runs in.
+    pub fn regime(&self) -> Regime {
+        if self.memory_short.load(Ordering::Relaxed) {
+            Regime::MemoryShort
+        } else {
+            Regime::Plentiful
+        }
+    }
+
+    /// Whether memory was seen short ([`Shared::regime`]; one relaxed load).
+    #[inline]
+    pub fn memory_short(&self) -> bool {
+        self.memory_short.load(Ordering::Relaxed)
+    }
+
+    /// Enters the memory-short regime (a growth the device could hold when empty failed)
+    /// or, after `empty_cache`, leaves it.
+    pub fn set_memory_short(&self, short: bool) {
+        self.memory_short.store(short, Ordering::Relaxed);
     }
 
     /// Notes that `stream` starts (`true`) or stops capturing.

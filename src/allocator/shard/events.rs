@@ -208,7 +208,7 @@ impl ShardState {
         if let Err(e) = self.settle_unfenced() {
             first_err.get_or_insert(e);
         }
-        if self.shared.config.wait_before_growth {
+        if self.shared.policy.sync_per_stream {
             if let Err(e) = self.synchronize_pending_streams() {
                 first_err.get_or_insert(e);
             }
@@ -232,7 +232,7 @@ impl ShardState {
     /// Ends every pending free's waits, host-synchronising only the streams that hold
     /// pending frees whose events have not completed, each once: at its last pending
     /// event (events on one stream complete in order, so the earlier ones are complete
-    /// then). npualloc's path (`wait_before_growth`); PyTorch's synchronises each event.
+    /// then). With `sync_per_stream`; PyTorch's policy synchronises each event.
     fn synchronize_pending_streams(&mut self) -> Result<(), DeviceError> {
         let index = self.index;
         self.process_events();
@@ -343,6 +343,6 @@ mod tests {
     #[test]
     fn a_cache_release_synchronises_only_the_streams_holding_pending_frees_once_each() {
         assert_eq!(syncs_to_release(""), 2);
-        assert_eq!(syncs_to_release("wait_before_growth:False"), 4);
+        assert_eq!(syncs_to_release("sync_per_stream:False"), 4);
     }
 }

@@ -112,9 +112,8 @@ impl ShardState {
     /// into reservations of its own (`vm_grow`), so a small workload maps 2 MiB pages
     /// and a large one keeps the configured page.
     pub(super) fn vm_page_for(&self, kind: PoolKind, rounded: usize) -> usize {
-        let config = &self.shared.config;
-        let top = config.page_size(kind);
-        if kind == PoolKind::Small || !config.adaptive_pages {
+        let top = self.shared.config.page_size(kind);
+        if kind == PoolKind::Small || !self.shared.policy.adaptive_pages {
             return top;
         }
         let grain = self.dev.vm_granularity(self.index).unwrap_or(top);
@@ -132,9 +131,9 @@ impl ShardState {
     /// alignment when the block does not start at one and still holds the request from
     /// there; else 0. A dirty block (lending) is served as it is.
     pub(super) fn aligned_head(&self, b: &Block, rounded: usize) -> usize {
-        let config = &self.shared.config;
-        let align = config.base_addr_align;
-        if align == 0 || !config.expandable_segments || rounded < HEAD_ALIGN_MIN || b.dirty {
+        let policy = &self.shared.policy;
+        let align = policy.base_addr_align;
+        if align == 0 || !policy.expandable_segments || rounded < HEAD_ALIGN_MIN || b.dirty {
             return 0;
         }
         match b.ptr % align {

@@ -78,7 +78,7 @@ impl ShardState {
         }
         let list = self.pools.get(&self.route())?.get(kind);
         let (mut bsize, bptr, mut id) = list.best_fit(size)?;
-        if self.shared.config.expandable_best_fit && self.blocks[id].vm.is_some() {
+        if self.shared.policy.expandable_best_fit && self.blocks[id].vm.is_some() {
             (bsize, id) = self.growable_fit(list, (bsize, bptr, id));
         }
         let max_split = self.shared.config.max_split_size;
@@ -190,7 +190,7 @@ impl ShardState {
             (b.freed_at, b.gc_count_base) = m.clocks();
         }
         // The size first: requests under 2 MiB (most) skip the settings' load.
-        if rounded >= HEAD_ALIGN_MIN && self.shared.config.base_addr_align != 0 {
+        if rounded >= HEAD_ALIGN_MIN && self.shared.policy.base_addr_align != 0 {
             let (id, logged) = self.split_aligned_head(id, rounded, LOG);
             if !LOG && logged {
                 // The head's statistics passed an allowance: the rest is logged.
@@ -374,7 +374,7 @@ impl ShardState {
         let b = &self.blocks[id];
         let small = b.kind == PoolKind::Small
             && b.pool.is_none()
-            && self.shared.config.hot_cache
+            && self.shared.policy.hot_cache
             && !b.dirty;
         // The hot cache is looked up for small blocks only (a large free never uses it).
         if small {

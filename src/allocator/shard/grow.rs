@@ -5,15 +5,13 @@
 //! segments of at least 1/8 of the reserve mark, 20 to 64 MiB (`segment_size`); when
 //! the device (or the memory fraction) cannot give that, the request's own size
 //! rounded to 2 MiB, then PyTorch's (`alloc_segment`); in the memory-short regime
-//! (`Shared::growth_failed`) and for a request whose best fit was kept whole, the
+//! (`Regime::MemoryShort`) and for a request whose best fit was kept whole, the
 //! request's own size from the start (`after_failure_size`).
 //!
 //! Contract: a device malloc that fails with out of memory is `Ok(None)` (the ladder
 //! goes on to its next rung), any other device error is an error; reserved bytes are
 //! counted under the memory fraction before the device call and given back if it
 //! fails.
-
-use std::sync::atomic::Ordering;
 
 use super::request::Request;
 use super::{Peers, ShardState};
@@ -37,7 +35,7 @@ impl ShardState {
         seg_size: usize,
         peers: &dyn Peers,
     ) -> Result<Option<BlockId>, Error> {
-        let bytes = if self.shared.config.expandable_segments {
+        let bytes = if self.shared.policy.expandable_segments {
             self.pages_for(req)
         } else {
             seg_size
@@ -53,7 +51,7 @@ impl ShardState {
         req: &Request,
         seg_size: usize,
     ) -> Result<Option<BlockId>, Error> {
-        if self.shared.config.expandable_segments {
+        if self.shared.policy.expandable_segments {
             return self.vm_grow(req.stream, req.kind, req.rounded);
         }
         self.alloc_segment(req, seg_size)
@@ -67,7 +65,7 @@ impl ShardState {
 
     /// The size an out-of-memory message names for `req`: the growth that failed.
     pub(super) fn failed_growth(&self, req: &Request, seg_size: usize) -> usize {
-        if self.shared.config.expandable_segments {
+        if self.shared.policy.expandable_segments {
             self.pages_for(req)
         } else {
             self.after_failure_size(req, seg_size)
@@ -80,7 +78,7 @@ impl ShardState {
     /// whose freed space coalesces, instead of each size stranding a segment of its own.
     pub(super) fn segment_size(&self, rounded: usize) -> Option<usize> {
         let pytorch = allocation_size(rounded)?;
-        if !self.shared.config.adaptive_segments || rounded <= SMALL_SIZE {
+        if !self.shared.policy.adaptive_segments || rounded <= SMALL_SIZE {
             return Some(pytorch);
         }
         let mark = self.size_mark();
@@ -116,7 +114,7 @@ impl ShardState {
             return Ok(Some(id));
         }
         if self.fits_an_empty_device(seg_size) {
-            self.shared.growth_failed.store(true, Ordering::Relaxed);
+            self.shared.set_memory_short(true);
         }
         // Memory is short: the least first (measured: before PyTorch's 20 MiB for a 1
         // to 10 MiB request, unet_train's smallest device 1,680 → 1,674 MiB, PyTorch's;
@@ -143,14 +141,14 @@ impl ShardState {
 
     /// Whether a segment of `bytes` could be had on this device with nothing reserved
     /// (its total memory, and the memory fraction): only then does its failed malloc
-    /// say memory is short (`growth_failed`). A request larger than the whole device
+    /// say memory is short (the memory-short regime). A request larger than the whole device
     /// is the caller's error and changes no later sizing.
     fn fits_an_empty_device(&self, bytes: usize) -> bool {
         self.shared.fits_beside(0, bytes)
     }
 
     /// `seg_size`, or once a device malloc for a segment has failed on this device
-    /// (`growth_failed`), or for a request whose best fit was kept whole
+    /// (the memory-short regime), or for a request whose best fit was kept whole
     /// (`keep_whole.rs`), the request's own size rounded to 2 MiB if that is smaller
     /// (adaptive sizing only): memory is short, and
     /// an adaptive segment's excess over the request is what a later large request
@@ -158,7 +156,7 @@ impl ShardState {
     /// benches/README.md, issue #16's session 9, w2). Before any failure and with no
     /// block kept whole, and so on every uncapped replay, nothing changes.
     fn after_failure_size(&self, req: &Request, seg_size: usize) -> usize {
-        if !self.shared.growth_failed.load(Ordering::Relaxed) && !req.kept_whole {
+        if !self.shared.memory_short() && !req.kept_whole {
             return seg_size;
         }
         match self.exact_segment_size(req) {
@@ -171,7 +169,7 @@ impl ShardState {
     /// with `adaptive_segments` only: PyTorch's 20 MiB for a 1 to 10 MiB request may
     /// not fit where this does.
     fn exact_segment_size(&self, req: &Request) -> Option<usize> {
-        if !self.shared.config.adaptive_segments || req.kind != PoolKind::Large {
+        if !self.shared.policy.adaptive_segments || req.kind != PoolKind::Large {
             return None;
         }
         req.rounded.checked_next_multiple_of(ROUND_LARGE)
@@ -220,7 +218,6 @@ mod tests {
     use super::super::testing::{check, shard_on};
     use super::super::{NoPeers, Released, ShardState};
     use crate::device::sim::SimDevice;
-    use std::sync::atomic::Ordering::Relaxed;
 
     /// Serves `size` (it must be served), then the device mallocs so far and the bytes
     /// reserved.
@@ -320,7 +317,7 @@ mod tests {
                 .served(),
             None
         );
-        assert!(!st.shared.growth_failed.load(Relaxed));
+        assert!(!st.shared.memory_short());
         assert_eq!(grown(&sim, &mut st, 12 << 20), (1, 20 << 20));
         // Past a memory fraction (50 MiB of the 100) it is the same.
         st.shared.set_allowed_max(50 << 20);
@@ -330,7 +327,7 @@ mod tests {
                 .served(),
             None
         );
-        assert!(!st.shared.growth_failed.load(Relaxed));
+        assert!(!st.shared.memory_short());
         check(&st);
     }
 }

@@ -15,7 +15,7 @@
 //! the request's own size rounded to 2 MiB, `alloc_segment`), and only if that fails too
 //! takes the segment after all (`take_kept_whole`, before the release rungs): the rule
 //! never fails a request that best fit would serve. Once the device has refused a
-//! segment (`Shared::growth_failed`) it always applies; before that, only while the
+//! segment (the memory-short regime, `Regime::MemoryShort`) it always applies; before that, only while the
 //! request's own segment can still be had, so that keeping never causes the first
 //! failure (which turns every later segment to its request's own size, `ladder.rs`).
 //! Measured (issue #15, session 10, benches/README.md): the split happens before any
@@ -51,8 +51,6 @@
 //!   cache rungs): its growth takes its own size rounded to 2 MiB (`ladder.rs`,
 //!   `after_failure_size`), before any failure too.
 
-use std::sync::atomic::Ordering;
-
 use super::request::Request;
 use super::ShardState;
 use crate::pool::rounding::ROUND_LARGE;
@@ -78,10 +76,10 @@ impl ShardState {
     #[cold]
     #[inline(never)]
     fn keeps_whole_slow(&mut self, id: BlockId, bsize: usize, rounded: usize) -> bool {
-        if !self.shared.config.adaptive_segments {
+        if !self.shared.policy.keep_whole {
             return false;
         }
-        let failed = self.shared.growth_failed.load(Ordering::Relaxed);
+        let failed = self.shared.memory_short();
         // Before any failure, no device call unless this allocator's own reservations
         // already rule the segment out (so an uncapped run never asks).
         if !failed && !self.held_past(bsize) {
@@ -142,7 +140,6 @@ impl ShardState {
 #[cfg(test)]
 mod tests {
     use super::super::Released;
-    use std::sync::atomic::Ordering;
     use std::sync::Arc;
 
     use super::super::testing::{check, device, free, Others};
@@ -242,7 +239,7 @@ mod tests {
         // whose failure would be the first), and the 60 MiB tensor finds its segment.
         let (sim, mut st) = cached_60("", 100, false);
         grows_its_own_4_mib_and_the_60_mib_tensor_finds_its_segment(&sim, &mut st);
-        assert!(!st.shared.growth_failed.load(Ordering::Relaxed));
+        assert!(!st.shared.memory_short());
     }
 
     #[test]
@@ -257,7 +254,7 @@ mod tests {
             .served()
             .is_some());
         assert_eq!(sim.counters(0).mallocs, mallocs);
-        assert!(!st.shared.growth_failed.load(Ordering::Relaxed));
+        assert!(!st.shared.memory_short());
         st.finish_merge();
         check(&st);
     }

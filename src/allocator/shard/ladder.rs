@@ -1,30 +1,30 @@
 //! The miss path of one shard as one ladder: a list of rungs built once from the
-//! settings ([`Ladder::new`]), climbed from the top by every malloc until a rung serves
+//! policy ([`Ladder::new`]), climbed from the top by every malloc until a rung serves
 //! the request (PyTorch's `DeviceCachingAllocator::malloc`, one `||` chain, with
 //! npualloc's rungs in between). The list, in order; a rung that is not in this
 //! allocator's ladder is left out at build time, never tested at run time:
 //!
-//! | rung | what it tries | in the ladder when |
+//! | rung | what it tries | in the ladder when (`Policy`) |
 //! |---|---|---|
 //! | `OwnCache` | the hot cache, then best fit in this stream's free lists (`malloc`, the fast path) | always |
 //! | `MergedCache` | the hot cache merged into the free lists, best fit again | always |
 //! | `GarbageCollect` | PyTorch's garbage collection (with a memory fraction) | `garbage_collection_threshold` |
 //! | `GrowBeforeBorrowing` | a repeat borrower, or a steady stream, grows first (`lending.rs`) | lending, ordinary segments |
-//! | `BorrowSegment` | a wholly free segment of another stream (`lending.rs`) | `lend_segments`, ordinary segments |
+//! | `BorrowSegment` | a wholly free segment of another stream (`lending.rs`) | `lend_segments` |
 //! | `BorrowBlock` | a free block of another stream (`lending.rs`) | `lend_blocks` |
-//! | `WaitOverBudget` | past the reserve budget: a device-side wait for a pending free (`pressure.rs`) | `reserve_budget_mb`, the pressure wait |
+//! | `WaitOverBudget` | past the reserve budget: a device-side wait for a pending free (`pressure.rs`) | `pressure_wait`, `reserve_budget_mb` |
 //! | `Grow` | a new segment or pages, idle memory back first past the mark (`grow.rs`) | always |
-//! | `KeptWhole` | growth failed: the segment kept whole for the request serves (`keep_whole.rs`) | keep whole |
+//! | `KeptWhole` | growth failed: the segment kept whole for the request serves (`keep_whole.rs`) | `keep_whole` |
 //! | `ReleaseOversize` | oversize cached blocks back, grow again (`release.rs`) | `max_split_size_mb` |
-//! | `ReleaseFreePages` | free pages back, map again (`expandable.rs`) | expandable segments |
-//! | `PressureWait` | a device-side wait for a pending free, this stream's or another's (`pressure.rs`) | the pressure wait |
-//! | `ReleaseClean` | across shards: every stream's clean cached segments back, then the ladder again | the clean release |
+//! | `ReleaseFreePages` | free pages back, map again (`expandable.rs`) | `expandable_segments` |
+//! | `PressureWait` | a device-side wait for a pending free, this stream's or another's (`pressure.rs`) | `pressure_wait` |
+//! | `ReleaseClean` | across shards: every stream's clean cached segments back, then the ladder again | `release_clean` |
 //! | `ReleaseOthers` | across shards: the other streams' caches back, then the cache rungs and the rest | always |
 //! | `ReleaseOwn` | this stream's pending frees synchronised, its cache back (`events.rs`, `release.rs`) | always |
-//! | `FreeListsAgain` | best fit again: the frees just synchronised may have merged | the second look |
+//! | `FreeListsAgain` | best fit again: the frees just synchronised may have merged | `look_again` |
 //! | `GrowAfterRelease` | a new segment or pages, nothing given back first | always |
-//! | `BorrowAfterRelease` | another stream's free block, plain best fit | the second look, `lend_blocks` |
-//! | `SmallSpill` | a small request takes a large-pool block (`small_spill.rs`) | the spill |
+//! | `BorrowAfterRelease` | another stream's free block, plain best fit | `look_again`, `lend_blocks` |
+//! | `SmallSpill` | a small request takes a large-pool block (`small_spill.rs`) | `small_spill` |
 //!
 //! Past the last rung the request is out of memory.
 //!
@@ -46,6 +46,7 @@ use super::{Peers, ShardState};
 use crate::allocator::oom;
 use crate::config::Config;
 use crate::error::Error;
+use crate::policy::Policy;
 use crate::pool::rounding::round_size;
 use crate::pool::{BlockId, PoolKind};
 use crate::profiling::HeldRange;
@@ -107,13 +108,10 @@ pub(crate) struct Ladder {
 }
 
 impl Ladder {
-    /// The ladder `config` asks for (module doc).
-    pub fn new(config: &Config) -> Ladder {
+    /// The ladder of `policy`, with PyTorch's settings `config` (module doc).
+    pub fn new(policy: &Policy, config: &Config) -> Ladder {
         use Rung::*;
-        let c = config;
-        let ordinary = !c.expandable_segments;
-        let lending = c.lend_segments || c.lend_blocks;
-        let npualloc_path = c.wait_before_growth;
+        let p = policy;
         let mut l = Ladder {
             rungs: [OwnCache; MAX_RUNGS],
             len: 0,
@@ -121,27 +119,27 @@ impl Ladder {
         };
         l.push(OwnCache, true);
         l.push(MergedCache, true);
-        l.push(GarbageCollect, c.garbage_collection_threshold > 0.0);
-        l.push(GrowBeforeBorrowing, ordinary && lending);
-        l.push(BorrowSegment, ordinary && c.lend_segments);
-        l.push(BorrowBlock, c.lend_blocks);
+        l.push(GarbageCollect, config.garbage_collection_threshold > 0.0);
+        l.push(GrowBeforeBorrowing, p.grows_before_borrowing());
+        l.push(BorrowSegment, p.lend_segments);
+        l.push(BorrowBlock, p.lend_blocks);
         l.push(
             WaitOverBudget,
-            ordinary && npualloc_path && c.reserve_budget.is_some(),
+            p.pressure_wait && config.reserve_budget.is_some(),
         );
         l.push(Grow, true);
-        l.push(KeptWhole, ordinary && c.adaptive_segments);
-        l.push(ReleaseOversize, ordinary && c.max_split_size != usize::MAX);
-        l.push(ReleaseFreePages, !ordinary);
-        l.push(PressureWait, ordinary && npualloc_path);
-        l.push(ReleaseClean, ordinary && npualloc_path);
+        l.push(KeptWhole, p.keep_whole);
+        l.push(ReleaseOversize, config.max_split_size != usize::MAX);
+        l.push(ReleaseFreePages, p.expandable_segments);
+        l.push(PressureWait, p.pressure_wait);
+        l.push(ReleaseClean, p.release_clean);
         l.push(ReleaseOthers, true);
         l.after_others = l.len;
         l.push(ReleaseOwn, true);
-        l.push(FreeListsAgain, npualloc_path);
+        l.push(FreeListsAgain, p.look_again);
         l.push(GrowAfterRelease, true);
-        l.push(BorrowAfterRelease, npualloc_path && c.lend_blocks);
-        l.push(SmallSpill, ordinary && npualloc_path);
+        l.push(BorrowAfterRelease, p.look_again && p.lend_blocks);
+        l.push(SmallSpill, p.small_spill);
         l
     }
 
@@ -461,10 +459,14 @@ mod tests {
     use crate::config::{Config, PYTORCH_POLICY};
     use crate::device::MempoolId;
     use crate::error::Error;
+    use crate::policy::Policy;
     use crate::pool::PoolKind;
 
     fn ladder(conf: &str) -> Vec<Rung> {
-        Ladder::new(&Config::parse(conf).unwrap()).rungs().to_vec()
+        let config = Config::parse(conf).unwrap();
+        Ladder::new(&Policy::from_config(&config), &config)
+            .rungs()
+            .to_vec()
     }
 
     #[test]
@@ -527,7 +529,7 @@ mod tests {
 
     #[test]
     fn a_climb_after_the_others_released_looks_at_the_caches_then_goes_on_past_them() {
-        let l = Ladder::new(&Config::default());
+        let l = Ladder::new(&Policy::npualloc(), &Config::default());
         let rungs: Vec<Rung> = l.climb(Released::Others).collect();
         assert_eq!(rungs[0], Rung::MergedCache);
         assert_eq!(rungs[1], Rung::ReleaseOwn);

@@ -88,8 +88,7 @@ impl ShardState {
     #[inline(never)]
     pub(super) fn defer_merge(&mut self, id: BlockId) -> bool {
         self.finish_merge();
-        #[cfg(test)]
-        if self.eager_merge {
+        if !self.shared.policy.lazy_merge {
             return false;
         }
         let f = &self.blocks[id];
@@ -216,7 +215,7 @@ impl ShardState {
             return false;
         }
         // A block that may get a head split (`base_addr_aligned_kb`) is merged first.
-        let align = config.base_addr_align;
+        let align = self.shared.policy.base_addr_align;
         if align != 0 && rounded >= HEAD_ALIGN_MIN && f.ptr % align != 0 {
             return false;
         }
@@ -382,9 +381,8 @@ mod tests {
     fn same_as_merging_at_once(conf: &str, seed: u64) {
         let (_s1, shared) = device(8 << 30, conf);
         let mut lazy = ShardState::new(StreamHandle::DEFAULT, shared);
-        let (_s2, shared) = device(8 << 30, conf);
+        let (_s2, shared) = device(8 << 30, &format!("{conf},lazy_merge:False"));
         let mut eager = ShardState::new(StreamHandle::DEFAULT, shared);
-        eager.eager_merge = true;
         let mut x = seed;
         let mut live: Vec<DevicePtr> = Vec::new();
         for step in 0..STEPS {

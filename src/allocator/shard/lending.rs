@@ -168,7 +168,7 @@ impl ShardState {
         peers: &dyn Peers,
     ) -> Result<Option<BlockId>, Error> {
         let (stream, kind) = (req.stream, req.kind);
-        if !self.shared.config.lend_segments || self.capture.capturing.is_some() {
+        if !self.shared.policy.lend_segments || self.capture.capturing.is_some() {
             return Ok(None);
         }
         let limit = seg_size.saturating_mul(LEND_SIZE_FACTOR);
@@ -265,7 +265,7 @@ impl ShardState {
         fit: BestFit,
         peers: &dyn Peers,
     ) -> Option<DevicePtr> {
-        if !self.shared.config.lend_blocks || self.capture.capturing.is_some() {
+        if !self.shared.policy.lend_blocks || self.capture.capturing.is_some() {
             return None;
         }
         let mut lent = None;

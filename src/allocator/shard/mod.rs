@@ -111,9 +111,6 @@ pub(super) struct ShardState {
     ladder: Ladder,
     /// The merge a free deferred to the next operation, if any (`lazy_merge.rs`).
     lazy: Option<LazyMerge>,
-    /// Tests only: merge at every free (the reference the lazy merge is compared with).
-    #[cfg(test)]
-    eager_merge: bool,
 }
 
 /// What the shard holds, counted as PyTorch's statistics.
@@ -434,7 +431,7 @@ impl ShardState {
         let mut known_streams = FxHashSet::default();
         known_streams.insert(StreamHandle::DEFAULT);
         let log = StatLog::new(shared.clone());
-        let ladder = Ladder::new(&shared.config);
+        let ladder = Ladder::new(&shared.policy, &shared.config);
         ShardState {
             stream,
             dev: shared.device.clone(),
@@ -455,8 +452,6 @@ impl ShardState {
             reclaim: Reclaim::default(),
             ladder,
             lazy: None,
-            #[cfg(test)]
-            eager_merge: false,
         }
     }
 

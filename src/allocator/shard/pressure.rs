@@ -19,7 +19,7 @@
 //! on each, counted in its shard's queues) is taken, then the smallest.
 //!
 //! Contract:
-//! - runs only with `wait_before_growth` (off in `PYTORCH_POLICY`), never during a
+//! - runs only with `pressure_wait` (off in `PYTORCH_POLICY`), never during a
 //!   capture (a capture never waits or syncs), never with expandable segments (a freed
 //!   page may be unmapped at once; the device wait must not be the only order there);
 //!   another shard's pending free only with `lend_blocks`, and never from or to a
@@ -63,8 +63,7 @@ impl ShardState {
     /// Whether this shard may take part in a device-side wait for a pending free (as
     /// the allocating stream or as the owner of the block): the module contract.
     fn may_wait_on_device(&self) -> bool {
-        let config = &self.shared.config;
-        config.wait_before_growth && !config.expandable_segments && !self.capture_underway()
+        self.shared.policy.pressure_wait && !self.capture_underway()
     }
 
     /// The pressure rung: a pending free of this shard (`wait_for_pending_free`), else
@@ -152,7 +151,7 @@ impl ShardState {
     #[cold]
     fn borrow_pending_free(&mut self, req: &Request, peers: &dyn Peers) -> Option<DevicePtr> {
         if !self.may_wait_on_device()
-            || !self.shared.config.lend_blocks
+            || !self.shared.policy.lend_blocks
             || req.stream != self.stream
         {
             return None;
@@ -359,7 +358,7 @@ mod tests {
 
     #[test]
     fn pytorchs_path_and_plentiful_memory_add_no_wait() {
-        let (sim, mut st, _, _) = pressed("wait_before_growth:False");
+        let (sim, mut st, _, _) = pressed("pressure_wait:False");
         assert_eq!(
             st.malloc(30 * MIB, Released::Nothing, &NoPeers)
                 .unwrap()

@@ -185,7 +185,7 @@ impl ShardState {
     /// that blocks such reclaims lost an uncapped figure elsewhere.
     pub(super) fn release_empty_before_growth(&mut self, seg_size: usize, peers: &dyn Peers) {
         let index = self.index;
-        if !self.shared.config.reclaim_before_growth || self.capture_underway() {
+        if !self.shared.policy.reclaim_before_growth || self.capture_underway() {
             return;
         }
         let over = (self.shared.reserved() + seg_size).saturating_sub(self.shared.hwm());

@@ -14,7 +14,7 @@
 //! fit in this stream's large-pool free lists instead of failing.
 //!
 //! Contract:
-//! - only on npualloc's path (`wait_before_growth`; PyTorch's policy keeps PyTorch's
+//! - only with `small_spill` (PyTorch's policy keeps PyTorch's
 //!   out of memory), without expandable segments, and only where the request would
 //!   otherwise be out of memory: a replay with no out of memory is unchanged, so are
 //!   all uncapped figures;
@@ -41,8 +41,7 @@ impl ShardState {
     /// A free block of this stream's large pool for small request `req`, the last
     /// step before out of memory (module contract); out of its free list.
     pub(super) fn take_large_for_small(&mut self, req: &Request) -> Option<BlockId> {
-        let config = &self.shared.config;
-        if req.kind != PoolKind::Small || !config.wait_before_growth || config.expandable_segments {
+        if req.kind != PoolKind::Small {
             return None;
         }
         self.get_free_block(PoolKind::Large, req.rounded)
