@@ -1,6 +1,6 @@
 //! Allocator settings, parsed from PyTorch's `key:value,key:value` syntax
-//! (`NPUALLOC_CONF`, `PYTORCH_NPU_ALLOC_CONF`). The allocator resolves them once into
-//! its [`Policy`](crate::policy::Policy), which says which combinations are supported.
+//! (`NPUALLOC_CONF`, `PYTORCH_NPU_ALLOC_CONF`), resolved once into the allocator's
+//! [`Policy`](crate::policy::Policy) (which says which combinations are supported).
 //!
 //! Supported keys: `max_split_size_mb`, `max_non_split_rounding_mb`,
 //! `roundup_power2_divisions` (one power of two, or a list
@@ -103,30 +103,19 @@ pub struct Config {
     /// (`request_padding:32`); the device's own padding (`Device::request_padding`) is
     /// not added to it: the larger of the two applies.
     pub request_padding: usize,
-    /// Under memory pressure best fit keeps a whole segment for its size (npualloc's
-    /// addition, `shard/keep_whole.rs`; needs `adaptive_segments`).
+    /// npualloc's keep-whole rule (`Policy::keep_whole`; needs `adaptive_segments`).
     pub keep_whole: bool,
-    /// A caller's free of a large-pool block may leave its merge to the next operation,
-    /// invisibly (npualloc's addition, `shard/lazy_merge.rs`; a speed rule only).
+    /// npualloc's lazy merge (`Policy::lazy_merge`; a speed rule only).
     pub lazy_merge: bool,
-    /// Under memory pressure (growth would pass the capacity, the memory fraction or
-    /// `reserve_budget`), make the allocating stream wait on the device for the event
-    /// of a pending free that fits instead of growing or synchronising the host
-    /// (npualloc's addition, `shard/pressure.rs`; ordinary segments only).
+    /// npualloc's device-side wait for a pending free (`Policy::pressure_wait`).
     pub pressure_wait: bool,
-    /// Before the other streams' caches are synchronised and released, give back every
-    /// stream's cached segments that need no host wait and try again (npualloc's
-    /// addition, `allocator/last_resort.rs`; ordinary segments only).
+    /// npualloc's release of clean segments first (`Policy::release_clean`).
     pub release_clean: bool,
-    /// A cache release host-synchronises each stream holding pending frees once
-    /// (npualloc's addition, `shard/events.rs`; `False`: each event, as PyTorch).
+    /// npualloc's one host sync per stream (`Policy::sync_per_stream`).
     pub sync_per_stream: bool,
-    /// After the last release, look at the free blocks again before out of memory:
-    /// this stream's, then (with `lend_blocks`) other streams' (npualloc's addition).
+    /// npualloc's second look after the last release (`Policy::look_again`).
     pub look_again: bool,
-    /// At the very end, a small request takes a free large-pool block rather than run
-    /// out of memory (npualloc's addition, `shard/small_spill.rs`; ordinary segments
-    /// only).
+    /// npualloc's small spill into the large pool (`Policy::small_spill`).
     pub small_spill: bool,
     /// With expandable segments, best fit counts a free block at the end of a run of
     /// mapped pages as the bytes it can grow to (its own plus the unmapped pages after
@@ -273,7 +262,7 @@ impl Config {
     /// Parses a settings string; an empty string gives the defaults.
     pub fn parse(s: &str) -> Result<Config, Error> {
         let mut cfg = Config::default();
-        // Rules named explicitly, checked against the combinations that apply.
+        // npualloc's rules named True, checked against the combinations that apply.
         let mut named: Vec<&str> = Vec::new();
         let s: String = s.chars().filter(|c| !c.is_whitespace()).collect();
         for item in split_top_level(&s) {
@@ -283,6 +272,14 @@ impl Config {
             let (key, value) = item
                 .split_once(':')
                 .ok_or_else(|| Error::InvalidConfig(format!("'{item}' is not key:value")))?;
+            if let Some(rule) = cfg.rule_mut(key) {
+                *rule = parse_bool(key, value)?;
+                named.retain(|&k| k != key);
+                if *rule {
+                    named.push(key);
+                }
+                continue;
+            }
             match key {
                 "max_split_size_mb" => {
                     cfg.max_split_size = parse_mb(key, value, 20)?;
@@ -314,10 +311,6 @@ impl Config {
                 "exact_stats" => {
                     cfg.exact_stats = parse_bool(key, value)?;
                 }
-                "lend_segments" => {
-                    cfg.lend_segments = parse_bool(key, value)?;
-                    named.push(key);
-                }
                 "lend_blocks" => {
                     cfg.lend_blocks = parse_bool(key, value)?;
                 }
@@ -336,36 +329,8 @@ impl Config {
                 }
                 "wait_before_growth" => {
                     let on = parse_bool(key, value)?;
-                    cfg.pressure_wait = on;
-                    cfg.release_clean = on;
-                    cfg.sync_per_stream = on;
-                    cfg.look_again = on;
-                    cfg.small_spill = on;
-                }
-                "keep_whole" => {
-                    cfg.keep_whole = parse_bool(key, value)?;
-                    named.push(key);
-                }
-                "lazy_merge" => {
-                    cfg.lazy_merge = parse_bool(key, value)?;
-                }
-                "pressure_wait" => {
-                    cfg.pressure_wait = parse_bool(key, value)?;
-                    named.push(key);
-                }
-                "release_clean" => {
-                    cfg.release_clean = parse_bool(key, value)?;
-                    named.push(key);
-                }
-                "sync_per_stream" => {
-                    cfg.sync_per_stream = parse_bool(key, value)?;
-                }
-                "look_again" => {
-                    cfg.look_again = parse_bool(key, value)?;
-                }
-                "small_spill" => {
-                    cfg.small_spill = parse_bool(key, value)?;
-                    named.push(key);
+                    (cfg.pressure_wait, cfg.release_clean, cfg.sync_per_stream) = (on, on, on);
+                    (cfg.look_again, cfg.small_spill) = (on, on);
                 }
                 "expandable_best_fit" => {
                     cfg.expandable_best_fit = parse_bool(key, value)?;
@@ -420,42 +385,43 @@ impl Config {
         Ok(cfg)
     }
 
-    /// Refuses a rule named `True` (in `named`) where it does not apply
+    /// The switch of one of npualloc's rules, by key.
+    fn rule_mut(&mut self, key: &str) -> Option<&mut bool> {
+        Some(match key {
+            "keep_whole" => &mut self.keep_whole,
+            "lazy_merge" => &mut self.lazy_merge,
+            "lend_segments" => &mut self.lend_segments,
+            "pressure_wait" => &mut self.pressure_wait,
+            "release_clean" => &mut self.release_clean,
+            "sync_per_stream" => &mut self.sync_per_stream,
+            "look_again" => &mut self.look_again,
+            "small_spill" => &mut self.small_spill,
+            _ => return None,
+        })
+    }
+
+    /// Refuses a rule named `True` (`named`) where it does not apply
     /// ([`Policy`](crate::policy::Policy)'s dependencies).
     fn check_rules(&self, named: &[&str]) -> Result<(), Error> {
-        let on = |key: &str| {
-            named.contains(&key)
-                && match key {
-                    "keep_whole" => self.keep_whole,
-                    "lend_segments" => self.lend_segments,
-                    "pressure_wait" => self.pressure_wait,
-                    "release_clean" => self.release_clean,
-                    "small_spill" => self.small_spill,
-                    _ => false,
-                }
-        };
-        if self.expandable_segments {
-            let ordinary = [
-                "lend_segments",
-                "keep_whole",
-                "pressure_wait",
-                "release_clean",
-            ];
-            if let Some(key) = ordinary.into_iter().chain(["small_spill"]).find(|k| on(k)) {
-                return Err(Error::InvalidConfig(format!(
-                    "{key}:True needs ordinary segments; it does not apply with \
-                     expandable_segments:True"
-                )));
+        let ordinary = [
+            "lend_segments",
+            "keep_whole",
+            "pressure_wait",
+            "release_clean",
+        ];
+        let why = match named
+            .iter()
+            .find(|k| ordinary.contains(k) || **k == "small_spill")
+        {
+            Some(k) if self.expandable_segments => format!("{k}:True needs ordinary segments"),
+            _ if named.contains(&"keep_whole") && !self.adaptive_segments => {
+                "keep_whole:True needs adaptive_segments:True (its growth takes the \
+                 request's own size, which only adaptive sizing gives)"
+                    .into()
             }
-        }
-        if on("keep_whole") && !self.adaptive_segments {
-            return Err(Error::InvalidConfig(
-                "keep_whole:True needs adaptive_segments:True (a request kept out of a \
-                 whole segment grows its own size, which only adaptive sizing gives)"
-                    .into(),
-            ));
-        }
-        Ok(())
+            _ => return Ok(()),
+        };
+        Err(Error::InvalidConfig(why))
     }
 
     /// Page size of expandable segments of `kind`.
