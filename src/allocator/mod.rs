@@ -31,14 +31,13 @@
 //! caches and synchronise; `oom.rs` torch_npu's
 //! out-of-memory message; `invariants.rs` the checker that recounts a shard.
 
+mod accounting;
 mod invariants;
 mod last_resort;
 mod oom;
 mod shard;
 mod shards;
 mod shared;
-mod statistics;
-mod totals;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -225,10 +224,8 @@ impl CachingAllocator {
             if let Some(only) = shards.first() {
                 let mut st = only.lock();
                 debug_assert_eq!(shards.len(), 1, "the logs go on with the second shard");
-                totals.enable(Some(&st.acct.stats));
-                let acct = &mut st.acct;
-                acct.log.start();
-                acct.log.open_window(&mut acct.stats);
+                totals.enable(Some(st.acct.stats()));
+                st.acct.start_logging();
                 // Every shard logs until a merge can give allowances (`totals/quiet.rs`).
                 self.shared.stats_logging.store(true, Ordering::SeqCst);
             }
@@ -238,8 +235,7 @@ impl CachingAllocator {
             .get_or_insert(stream, || {
                 let mut st = ShardState::new(stream, self.shared.clone());
                 if log {
-                    st.acct.log.start();
-                    st.acct.log.start_quiet();
+                    st.acct.start_logging_quiet();
                 }
                 st
             })
@@ -669,7 +665,7 @@ impl CachingAllocator {
             .shards
             .all()
             .iter()
-            .map(|s| s.lock().acct.stats.allocated_bytes[0].current.max(0) as usize)
+            .map(|s| s.lock().acct.stats().allocated_bytes[0].current.max(0) as usize)
             .sum();
         Usage {
             allocated,
@@ -689,7 +685,8 @@ impl CachingAllocator {
     pub fn event_counts(&self) -> (u64, usize) {
         self.shards.all().iter().fold((0, 0), |(c, i), s| {
             let st = s.lock();
-            (c + st.waits.events.created(), i + st.waits.events.idle())
+            let (created, idle) = st.waits.event_counts();
+            (c + created, i + idle)
         })
     }
 
@@ -704,7 +701,7 @@ impl CachingAllocator {
             if let Some(p) = st.ptrs.keys().find(|&&p| !seen.insert(p)) {
                 return Err(format!("pointer {p:#x} is live in two shards"));
             }
-            reserved += st.acct.reserved;
+            reserved += st.acct.reserved();
             if s.pending.load(Ordering::Relaxed) != st.pending_count() {
                 return Err(format!("shard {:?}: pending counter is stale", s.stream));
             }

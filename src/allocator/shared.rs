@@ -17,7 +17,7 @@ use crate::policy::{Policy, Regime};
 use crate::profiling::Mstx;
 use crate::stats::PrivatePoolReserved;
 
-use super::totals::{LogLink, Totals};
+use super::accounting::totals::{LogLink, Totals};
 
 /// Added to `pending_total` while a statistics merge is wanted (far above any count of
 /// waiting frees).

@@ -4,9 +4,9 @@
 
 use std::sync::atomic::Ordering;
 
-use super::shard::ShardState;
 use super::totals::{allowances, sum_stats, Plan, Totals, SLOTS};
-use super::CachingAllocator;
+use crate::allocator::shard::ShardState;
+use crate::allocator::CachingAllocator;
 use crate::stats::DeviceStats;
 
 impl CachingAllocator {
@@ -56,8 +56,7 @@ impl CachingAllocator {
     pub fn reset_peak_stats(&self) {
         let mut totals = self.shared.totals.lock();
         self.cut(&mut totals, true, |st| {
-            st.acct.stats.reset_peak();
-            st.acct.log.reset_saved();
+            st.acct.reset_peak();
         });
         totals.reset_peak();
         self.shared
@@ -121,7 +120,7 @@ impl CachingAllocator {
     /// with no lock held).
     #[cold]
     #[inline(never)]
-    pub(super) fn merge_logs(&self) {
+    pub(in crate::allocator) fn merge_logs(&self) {
         let mut totals = self.shared.totals.lock();
         if self.shared.merge_asked() {
             self.cut(&mut totals, false, |_| {});

@@ -150,9 +150,8 @@ impl ShardState {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::{check, free, id_of, shard};
-    use super::super::NoPeers;
-    use super::super::Released;
+    use super::super::testing::{check, free, id_of, malloc_ok, shard};
+
     use crate::device::MempoolId;
     use crate::error::Error;
     use crate::pool::PrivateTag;
@@ -162,11 +161,7 @@ mod tests {
         let (_sim, mut st) = shard("");
         st.begin_allocate_to_pool(MempoolId(7, 9)).unwrap();
         assert!(st.is_capturing_to(MempoolId(7, 9)));
-        let p = st
-            .malloc(1000, Released::Nothing, &NoPeers)
-            .unwrap()
-            .served()
-            .unwrap();
+        let p = malloc_ok(&mut st, 1000);
         assert_eq!(st.blocks[id_of(&st, p)].pool, Some(PrivateTag::new(0)));
         st.end_allocate_to_pool();
         free(&mut st, p);
@@ -181,7 +176,7 @@ mod tests {
         assert!(st.release_pool(MempoolId(7, 9)));
         assert!(!st.release_pool(MempoolId(1, 1)), "an unknown pool");
         st.release_cached_blocks().unwrap();
-        assert_eq!((st.private_pool_bytes(), st.acct.reserved), (0, 0));
+        assert_eq!((st.private_pool_bytes(), st.acct.reserved()), (0, 0));
         check(&st);
     }
 
@@ -194,22 +189,14 @@ mod tests {
                 .map(|p| (p.id, p.reserved_bytes[0].current))
                 .collect::<Vec<_>>()
         };
-        let own = st
-            .malloc(1000, Released::Nothing, &NoPeers)
-            .unwrap()
-            .served()
-            .unwrap();
+        let own = malloc_ok(&mut st, 1000);
         assert_eq!(
             reserved(&st),
             vec![],
             "the stream's own pool is not counted"
         );
         st.begin_allocate_to_pool(MempoolId(7, 9)).unwrap();
-        let p = st
-            .malloc(1000, Released::Nothing, &NoPeers)
-            .unwrap()
-            .served()
-            .unwrap();
+        let p = malloc_ok(&mut st, 1000);
         st.end_allocate_to_pool();
         assert_eq!(reserved(&st), vec![(MempoolId(7, 9), 2 << 20)]);
         free(&mut st, p);

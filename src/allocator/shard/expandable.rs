@@ -21,7 +21,7 @@
 //! chain of blocks, counted as one segment in statistics and snapshots.
 
 use super::ShardState;
-use crate::allocator::totals::Kind;
+use crate::allocator::accounting::Kind;
 use crate::config::HEAD_ALIGN_MIN;
 use crate::device::{DevicePtr, StreamHandle};
 use crate::error::Error;
@@ -385,7 +385,7 @@ impl ShardState {
         }
         drop(range);
         self.shared.note_reserved();
-        self.acct.stats.num_device_alloc += k as i64;
+        self.acct.count_device_mallocs(k as i64);
 
         // Link the new pages to the runs they touch.
         let mut block = Block::segment(va, bytes, stream, kind);
@@ -472,7 +472,7 @@ impl ShardState {
             Some(id)
         } else {
             let b = self.blocks.remove(id);
-            self.lending.dirty.take(id); // clear marks only (dirty blocks are not unmapped)
+            self.lending.forget(id); // clear marks only (dirty blocks are not unmapped)
             if let Some(p) = b.prev {
                 self.blocks[p].next = None;
             }
@@ -503,13 +503,13 @@ impl ShardState {
         let s = &self.vm[seg];
         let runs_delta =
             s.is_mapped_at(lo.wrapping_sub(page)) as i64 + s.is_mapped_at(hi) as i64 - 1;
-        self.acct.reserved -= bytes;
+        self.acct.sub_reserved(bytes);
         self.shared.unreserve(bytes);
         let st = kind.stat_type();
         self.acct.decrease(Kind::ReservedBytes, st, bytes);
         self.note_pool_reserved(self.vm[seg].pool, kind, bytes, false);
         self.acct.apply_net(Kind::Segment, st, runs_delta);
-        self.acct.stats.num_device_free += done as i64;
+        self.acct.count_device_frees(done as i64);
         failure.map_or(Ok(bytes), |e| Err(e.into()))
     }
 
@@ -528,9 +528,7 @@ impl ShardState {
             .filter(|&(_, _, id)| {
                 let b = &self.blocks[id];
                 // A dirty block's pages may still be used by its borrower: kept mapped.
-                b.vm.is_some()
-                    && self.reclaim.malloc_calls - b.freed_at >= min_idle
-                    && !self.is_dirty(id)
+                b.vm.is_some() && self.reclaim.idle_for(b.freed_at, min_idle) && !self.is_dirty(id)
             })
             .map(|(_, _, id)| {
                 let b = &self.blocks[id];
@@ -567,7 +565,7 @@ impl ShardState {
         let want = if want == usize::MAX {
             want
         } else {
-            want.max(self.acct.reserved / UNMAP_SLACK_DIVISOR)
+            want.max(self.acct.reserved() / UNMAP_SLACK_DIVISOR)
         };
         let mut released = 0;
         for (_, id) in candidates {
@@ -606,9 +604,7 @@ impl ShardState {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::{check, free, id_of, shard};
-    use super::super::NoPeers;
-    use super::super::Released;
+    use super::super::testing::{check, free, id_of, malloc_ok, shard};
 
     const MIB: usize = 1 << 20;
     const KIB16: usize = 16 << 10;
@@ -622,16 +618,8 @@ mod tests {
     fn a_large_request_starts_at_the_alignment_past_a_free_head() {
         for conf in [ALIGNED, "expandable_segments:True"] {
             let (_sim, mut st) = shard(conf);
-            let a = st
-                .malloc(3 * MIB + 1, Released::Nothing, &NoPeers)
-                .unwrap()
-                .served()
-                .unwrap();
-            let b = st
-                .malloc(2 * MIB, Released::Nothing, &NoPeers)
-                .unwrap()
-                .served()
-                .unwrap();
+            let a = malloc_ok(&mut st, 3 * MIB + 1);
+            let b = malloc_ok(&mut st, 2 * MIB);
             let end_a = a + 3 * MIB + 512;
             if conf == ALIGNED {
                 assert_eq!(b, end_a + KIB16 - 512);
@@ -639,7 +627,7 @@ mod tests {
                 assert_eq!(st.blocks[head].size, KIB16 - 512);
                 assert!(st.blocks[head].is_free());
                 // The head and the aligned block's free tail.
-                assert_eq!(st.acct.stats.inactive_split[0].current, 2);
+                assert_eq!(st.acct.stats().inactive_split[0].current, 2);
             } else {
                 assert_eq!(b, end_a);
             }
@@ -649,7 +637,7 @@ mod tests {
             }
             st.finish_merge();
             check(&st);
-            assert_eq!(st.acct.stats.inactive_split[0].current, 0, "{conf}");
+            assert_eq!(st.acct.stats().inactive_split[0].current, 0, "{conf}");
         }
     }
 
@@ -658,28 +646,16 @@ mod tests {
     #[test]
     fn small_requests_stay_put_and_a_deferred_merge_is_aligned_too() {
         let (_sim, mut st) = shard(ALIGNED);
-        let a = st
-            .malloc(3 * MIB + 1, Released::Nothing, &NoPeers)
-            .unwrap()
-            .served()
-            .unwrap();
+        let a = malloc_ok(&mut st, 3 * MIB + 1);
         let end_a = a + 3 * MIB + 512;
-        let c = st
-            .malloc(MIB + 1, Released::Nothing, &NoPeers)
-            .unwrap()
-            .served()
-            .unwrap();
+        let c = malloc_ok(&mut st, MIB + 1);
         assert_eq!(c, end_a);
         free(&mut st, c);
         assert!(
             st.lazy.is_some(),
             "the free deferred its merge with the tail"
         );
-        let d = st
-            .malloc(2 * MIB, Released::Nothing, &NoPeers)
-            .unwrap()
-            .served()
-            .unwrap();
+        let d = malloc_ok(&mut st, 2 * MIB);
         assert_eq!(d, end_a + KIB16 - 512);
         st.finish_merge();
         check(&st);
@@ -703,29 +679,19 @@ mod tests {
             (st.vm_page_for(Large, 0), st.vm_page_for(Small, 0)),
             (2 * MIB, 2 * MIB)
         );
-        st.malloc(3 * MIB, Released::Nothing, &NoPeers)
-            .unwrap()
-            .served()
-            .unwrap();
-        assert_eq!(st.acct.reserved, 4 * MIB);
+        malloc_ok(&mut st, 3 * MIB);
+        assert_eq!(st.acct.reserved(), 4 * MIB);
         // 17 requests of 60 MiB (each under 32 × 2 MiB: the request keeps 2 MiB pages).
         for _ in 0..17 {
-            st.malloc(60 * MIB, Released::Nothing, &NoPeers)
-                .unwrap()
-                .served()
-                .unwrap();
+            malloc_ok(&mut st, 60 * MIB);
         }
-        assert_eq!(st.acct.reserved, 1024 * MIB, "still 2 MiB pages");
+        assert_eq!(st.acct.reserved(), 1024 * MIB, "still 2 MiB pages");
         assert_eq!(
             (st.vm_page_for(Large, 0), st.vm_page_for(Small, 0)),
             (4 * MIB, 2 * MIB)
         );
-        let c = st
-            .malloc(3 * MIB, Released::Nothing, &NoPeers)
-            .unwrap()
-            .served()
-            .unwrap();
-        assert_eq!(st.acct.reserved, 1028 * MIB);
+        let c = malloc_ok(&mut st, 3 * MIB);
+        assert_eq!(st.acct.reserved(), 1028 * MIB);
         let seg = st.blocks[id_of(&st, c)].vm.unwrap().index();
         assert_eq!(st.vm[seg].page, 4 * MIB);
         let mut pages: Vec<usize> = st.vm.iter().map(|(_, s)| s.page).collect();
@@ -734,11 +700,8 @@ mod tests {
         check(&st);
 
         let (_sim, mut st) = shard("expandable_segments:True,adaptive_pages:False");
-        st.malloc(3 * MIB, Released::Nothing, &NoPeers)
-            .unwrap()
-            .served()
-            .unwrap();
-        assert_eq!(st.acct.reserved, 20 * MIB);
+        malloc_ok(&mut st, 3 * MIB);
+        assert_eq!(st.acct.reserved(), 20 * MIB);
         assert_eq!(st.vm_page_for(crate::pool::PoolKind::Large, 0), 20 * MIB);
     }
 
@@ -754,22 +717,14 @@ mod tests {
         assert_eq!(st.vm_page_for(Large, 196 * MIB), 4 * MIB);
         assert_eq!(st.vm_page_for(Large, 127 * MIB), 2 * MIB);
         assert_eq!(st.vm_page_for(Large, 1 << 30), 20 * MIB);
-        let big = st
-            .malloc(196 * MIB, Released::Nothing, &NoPeers)
-            .unwrap()
-            .served()
-            .unwrap();
-        assert_eq!(st.acct.reserved, 196 * MIB, "49 pages of 4 MiB");
+        let big = malloc_ok(&mut st, 196 * MIB);
+        assert_eq!(st.acct.reserved(), 196 * MIB, "49 pages of 4 MiB");
         let seg = st.blocks[id_of(&st, big)].vm.unwrap().index();
         assert_eq!(st.vm[seg].page, 4 * MIB);
-        let small = st
-            .malloc(3 * MIB, Released::Nothing, &NoPeers)
-            .unwrap()
-            .served()
-            .unwrap();
+        let small = malloc_ok(&mut st, 3 * MIB);
         let seg = st.blocks[id_of(&st, small)].vm.unwrap().index();
         assert_eq!(st.vm[seg].page, 2 * MIB);
-        assert_eq!(st.acct.reserved, 200 * MIB);
+        assert_eq!(st.acct.reserved(), 200 * MIB);
         check(&st);
         for p in [big, small] {
             free(&mut st, p);
@@ -792,28 +747,12 @@ mod tests {
             ("expandable_segments:True,adaptive_pages:False", false),
         ] {
             let (_sim, mut st) = shard(conf);
-            let a = st
-                .malloc(4 * MIB, Released::Nothing, &NoPeers)
-                .unwrap()
-                .served()
-                .unwrap();
-            let b = st
-                .malloc(8 * MIB, Released::Nothing, &NoPeers)
-                .unwrap()
-                .served()
-                .unwrap();
-            let c = st
-                .malloc(4 * MIB, Released::Nothing, &NoPeers)
-                .unwrap()
-                .served()
-                .unwrap();
+            let a = malloc_ok(&mut st, 4 * MIB);
+            let b = malloc_ok(&mut st, 8 * MIB);
+            let c = malloc_ok(&mut st, 4 * MIB);
             assert_eq!((b, c), (a + 4 * MIB, a + 12 * MIB)); // one 20 MiB page: 4 MiB left
             free(&mut st, b);
-            let d = st
-                .malloc(3 * MIB, Released::Nothing, &NoPeers)
-                .unwrap()
-                .served()
-                .unwrap();
+            let d = malloc_ok(&mut st, 3 * MIB);
             assert_eq!(d, if middle { b } else { c + 4 * MIB }, "{conf}");
             st.finish_merge();
             check(&st);

@@ -14,7 +14,7 @@
 
 use super::request::Request;
 use super::ShardState;
-use crate::allocator::totals::Kind;
+use crate::allocator::accounting::Kind;
 use crate::config::HEAD_ALIGN_MIN;
 use crate::error::Error;
 use crate::handle::DevicePtr;
@@ -29,7 +29,7 @@ impl ShardState {
             self.lazy.is_none(),
             "free lists changed with a merge deferred"
         );
-        let (gc, now) = (self.reclaim.gc_calls, self.reclaim.malloc_calls);
+        let (gc, now) = self.reclaim.clocks();
         let b = &mut self.blocks[id];
         b.gc_count_base = gc;
         b.freed_at = now;
@@ -74,7 +74,7 @@ impl ShardState {
     ) -> Option<BlockId> {
         self.finish_merge();
         if self.gc_enabled() {
-            self.reclaim.gc_calls += 1;
+            self.reclaim.tick_gc();
         }
         let list = self.pools.get(&self.route())?.get(kind);
         let (mut bsize, bptr, mut id) = list.best_fit(size)?;
@@ -119,7 +119,7 @@ impl ShardState {
         if dirty && out == id {
             // Handed out whole; a split-off front starts clean and the free remainder
             // (`id`) stays dirty for other takers, unless the wait met its marks.
-            self.lending.dirty.take(id);
+            self.lending.forget(id);
             self.blocks[id].dirty = false;
         } else if dirty {
             self.prune_marks(id);
@@ -475,7 +475,7 @@ impl ShardState {
         self.pool_remove(src);
         let s = self.blocks.remove(src);
         if s.dirty {
-            self.lending.dirty.merge_into(dst, src);
+            self.lending.merge_marks(dst, src);
             self.blocks[dst].dirty = true;
             self.prune_marks(dst);
         }
@@ -500,8 +500,7 @@ impl ShardState {
     /// Counts `bytes` of device memory this shard now reserves (a segment, or pages
     /// mapped into one): reserved bytes, their high-water mark and statistics.
     pub(super) fn bytes_reserved(&mut self, kind: PoolKind, bytes: usize) {
-        self.acct.reserved += bytes;
-        self.acct.reserved_hwm = self.acct.reserved_hwm.max(self.acct.reserved);
+        self.acct.add_reserved(bytes);
         self.acct
             .increase(Kind::ReservedBytes, kind.stat_type(), bytes);
     }
@@ -518,7 +517,7 @@ impl ShardState {
 
     /// Uncounts a segment this shard no longer holds (freed or lent).
     pub(super) fn segment_removed(&mut self, kind: PoolKind, size: usize) {
-        self.acct.reserved -= size;
+        self.acct.sub_reserved(size);
         let st = kind.stat_type();
         self.acct.decrease(Kind::Segment, st, 1);
         self.acct.decrease(Kind::ReservedBytes, st, size);
@@ -531,36 +530,26 @@ impl ShardState {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::{check, free, id_of, shard};
-    use super::super::NoPeers;
-    use super::super::Released;
+    use super::super::testing::{check, free, id_of, malloc_ok, shard};
 
     #[test]
     fn split_blocks_merge_back_into_one_whole_segment() {
         let (_sim, mut st) = shard("hot_cache:False");
-        let a = st
-            .malloc(1000, Released::Nothing, &NoPeers)
-            .unwrap()
-            .served()
-            .unwrap();
-        let b = st
-            .malloc(1000, Released::Nothing, &NoPeers)
-            .unwrap()
-            .served()
-            .unwrap();
+        let a = malloc_ok(&mut st, 1000);
+        let b = malloc_ok(&mut st, 1000);
         assert_eq!(
             b,
             a + 1024,
             "the second block is split off the same segment"
         );
-        assert_eq!(st.acct.stats.inactive_split[0].current, 1);
+        assert_eq!(st.acct.stats().inactive_split[0].current, 1);
         free(&mut st, a);
         st.finish_merge();
         check(&st);
-        assert_eq!(st.acct.stats.inactive_split[0].current, 2);
+        assert_eq!(st.acct.stats().inactive_split[0].current, 2);
         free(&mut st, b);
         check(&st);
-        assert_eq!(st.acct.stats.inactive_split[0].current, 0);
+        assert_eq!(st.acct.stats().inactive_split[0].current, 0);
         assert_eq!(st.blocks.len(), 1, "merged into one block");
         let (_, _, id) = st
             .pools
@@ -578,11 +567,7 @@ mod tests {
     #[test]
     fn hot_blocks_stay_unmerged_until_flushed() {
         let (_sim, mut st) = shard("");
-        let a = st
-            .malloc(1000, Released::Nothing, &NoPeers)
-            .unwrap()
-            .served()
-            .unwrap();
+        let a = malloc_ok(&mut st, 1000);
         let id = id_of(&st, a);
         free(&mut st, a);
         assert_eq!(st.blocks[id].phase, crate::pool::Phase::Hot);

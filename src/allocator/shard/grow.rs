@@ -93,7 +93,7 @@ impl ShardState {
     /// (measured: the device's alone over-sizes a side stream's segments, the stream's
     /// alone under-sizes those of streams in rotation; benches/README.md).
     pub(super) fn size_mark(&self) -> usize {
-        self.acct.reserved_hwm.max(self.shared.hwm() / 2)
+        self.acct.reserved_hwm().max(self.shared.hwm() / 2)
     }
 
     /// A new segment for `req`: `seg_size` bytes, or, when the device (or the memory
@@ -201,11 +201,9 @@ impl ShardState {
             }
         };
         self.shared.note_reserved();
-        if !self.reclaim.recent.is_empty() {
-            self.note_segment_malloc(seg_size);
-        }
+        self.reclaim.note_segment_malloc(seg_size);
         self.segment_added(kind, seg_size);
-        self.acct.stats.num_device_alloc += 1;
+        self.acct.count_device_mallocs(1);
         let mut seg = Block::segment(ptr, seg_size, stream, kind);
         seg.pool = self.route();
         self.note_pool_reserved(seg.pool, kind, seg_size, true);
@@ -227,7 +225,7 @@ mod tests {
             .unwrap()
             .served()
             .is_some());
-        (sim.counters(0).mallocs, st.acct.reserved)
+        (sim.counters(0).mallocs, st.acct.reserved())
     }
 
     #[test]

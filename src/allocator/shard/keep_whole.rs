@@ -142,7 +142,7 @@ mod tests {
     use super::super::Released;
     use std::sync::Arc;
 
-    use super::super::testing::{check, device, free, Others};
+    use super::super::testing::{check, device, free, malloc_ok, Others};
     use super::super::{NoPeers, ShardState};
     use crate::device::sim::SimDevice;
     use crate::device::StreamHandle;
@@ -157,18 +157,10 @@ mod tests {
         let conf = format!("{conf},reclaim_before_growth:False");
         let (sim, shared) = device(mib * MIB, conf.trim_start_matches(','));
         let mut st = ShardState::new(StreamHandle::DEFAULT, shared);
-        let big = st
-            .malloc(60 * MIB, Released::Nothing, &NoPeers)
-            .unwrap()
-            .served()
-            .unwrap();
-        let _live = st
-            .malloc(30 * MIB, Released::Nothing, &NoPeers)
-            .unwrap()
-            .served()
-            .unwrap();
+        let big = malloc_ok(&mut st, 60 * MIB);
+        let _live = malloc_ok(&mut st, 30 * MIB);
         free(&mut st, big);
-        assert_eq!(st.acct.reserved, 90 * MIB);
+        assert_eq!(st.acct.reserved(), 90 * MIB);
         if fail_first {
             assert_eq!(
                 st.malloc(mib * MIB, Released::Nothing, &NoPeers)
@@ -197,18 +189,10 @@ mod tests {
         st: &mut ShardState,
     ) {
         let mallocs = sim.counters(0).mallocs;
-        let small = st
-            .malloc(4 * MIB, Released::Nothing, &NoPeers)
-            .unwrap()
-            .served()
-            .unwrap();
+        let small = malloc_ok(st, 4 * MIB);
         assert_eq!(sim.counters(0).mallocs, mallocs + 1);
-        assert_eq!(st.acct.reserved, 94 * MIB);
-        let big = st
-            .malloc(60 * MIB, Released::Nothing, &NoPeers)
-            .unwrap()
-            .served()
-            .unwrap();
+        assert_eq!(st.acct.reserved(), 94 * MIB);
+        let big = malloc_ok(st, 60 * MIB);
         assert_eq!(sim.counters(0).mallocs, mallocs + 1);
         free(st, big);
         free(st, small);
@@ -222,11 +206,7 @@ mod tests {
         // PyTorch's best fit does (every uncapped replay).
         let (sim, mut st) = cached_60("", 200, false);
         let mallocs = sim.counters(0).mallocs;
-        let _small = st
-            .malloc(4 * MIB, Released::Nothing, &NoPeers)
-            .unwrap()
-            .served()
-            .unwrap();
+        let _small = malloc_ok(&mut st, 4 * MIB);
         assert_eq!(sim.counters(0).mallocs, mallocs, "split, no growth");
         st.finish_merge();
         check(&st);
@@ -272,7 +252,7 @@ mod tests {
             .served();
         assert!(p.is_some());
         assert_eq!(sim.counters(0).mallocs, mallocs);
-        assert_eq!(st.acct.stats.num_ooms, 0);
+        assert_eq!(st.acct.stats().num_ooms, 0);
         st.finish_merge();
         check(&st);
     }
@@ -301,7 +281,7 @@ mod tests {
         assert_ne!(q, big, "lent the head of the kept segment");
         // A growth has failed on this device: the new segment is the request's own
         // size (`ladder.rs`, `after_failure_size`), not an adaptive 20 MiB.
-        assert_eq!(borrower.acct.reserved, 4 * MIB, "a segment of its own");
+        assert_eq!(borrower.acct.reserved(), 4 * MIB, "a segment of its own");
         check(&borrower);
         let mut l = lender.borrow_mut();
         assert_eq!(
@@ -316,11 +296,7 @@ mod tests {
     fn pytorchs_policy_splits_as_pytorch_does() {
         let (sim, mut st) = cached_60(crate::config::PYTORCH_POLICY, 100, true);
         let mallocs = sim.counters(0).mallocs;
-        let _small = st
-            .malloc(4 * MIB, Released::Nothing, &NoPeers)
-            .unwrap()
-            .served()
-            .unwrap();
+        let _small = malloc_ok(&mut st, 4 * MIB);
         assert_eq!(sim.counters(0).mallocs, mallocs);
     }
 }

@@ -236,7 +236,7 @@ impl ShardState {
         if size == 0 {
             return Err(Error::ZeroSize);
         }
-        self.reclaim.malloc_calls += 1;
+        self.reclaim.tick();
         let req = self.request(size)?;
         if self.pending_count() > 0 && !self.capture_underway() {
             self.process_events();
@@ -428,13 +428,13 @@ impl ShardState {
     /// Counts an allocation that needed caches released and a retry (PyTorch's
     /// `num_alloc_retries`).
     pub fn count_retry(&mut self) {
-        self.acct.stats.num_alloc_retries += 1;
+        self.acct.count_retry();
     }
 
     /// Counts an OOM and builds its error, with torch_npu's message.
     pub(super) fn out_of_memory(&mut self, size: usize, seg_size: usize) -> Error {
         let index = self.index;
-        self.acct.stats.num_ooms += 1;
+        self.acct.count_oom();
         let info = self.dev.mem_info(index).ok();
         Error::OutOfMemory {
             requested: size,
@@ -445,7 +445,7 @@ impl ShardState {
                 seg_size,
                 info,
                 self.shared.allowed_max(),
-                &self.acct.stats,
+                self.acct.stats(),
             ),
         }
     }
@@ -453,7 +453,7 @@ impl ShardState {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::{check, free, shard};
+    use super::super::testing::{check, free, malloc_ok, shard};
     use super::super::{NoPeers, Released};
     use super::{Ladder, Rung};
     use crate::config::{Config, PYTORCH_POLICY};
@@ -565,17 +565,9 @@ mod tests {
     #[test]
     fn the_own_cache_serves_a_repeat_without_a_device_malloc() {
         let (sim, mut st) = shard("");
-        let p = st
-            .malloc(1000, Released::Nothing, &NoPeers)
-            .unwrap()
-            .served()
-            .unwrap();
+        let p = malloc_ok(&mut st, 1000);
         free(&mut st, p);
-        let q = st
-            .malloc(1000, Released::Nothing, &NoPeers)
-            .unwrap()
-            .served()
-            .unwrap();
+        let q = malloc_ok(&mut st, 1000);
         assert_eq!(p, q);
         assert_eq!(sim.counters(0).mallocs, 1);
         check(&st);
@@ -590,14 +582,14 @@ mod tests {
             st.malloc(2 << 30, Released::Nothing, &NoPeers).unwrap(),
             super::Outcome::NeedsCleanRelease
         ));
-        assert_eq!(st.acct.stats.num_ooms, 0);
+        assert_eq!(st.acct.stats().num_ooms, 0);
         let e = st
             .malloc(2 << 30, Released::Others, &NoPeers)
             .unwrap()
             .unwrap_oom();
         assert!(matches!(e, Error::OutOfMemory { .. }));
         assert_eq!(
-            (st.acct.stats.num_ooms, st.acct.stats.num_alloc_retries),
+            (st.acct.stats().num_ooms, st.acct.stats().num_alloc_retries),
             (1, 1)
         );
         check(&st);
@@ -612,6 +604,6 @@ mod tests {
             .unwrap()
             .unwrap_oom();
         assert!(matches!(e, Error::OutOfMemory { .. }));
-        assert_eq!(st.acct.stats.num_alloc_retries, 0);
+        assert_eq!(st.acct.stats().num_alloc_retries, 0);
     }
 }

@@ -53,83 +53,6 @@ use crate::pool::{Block, BlockId, Phase, PoolKind};
 
 /// A lent segment is at most this many times the segment a new allocation would get.
 const LEND_SIZE_FACTOR: usize = 2;
-/// At most this many borrowed request sizes are counted (all are forgotten at once past
-/// it: the table only bounds memory; a steady loop borrows far fewer sizes).
-const BORROWED_SIZES: usize = 1024;
-/// Borrows of one request size, with no other growth on the device, after which a miss
-/// for it grows this shard's cache instead.
-const REPEATS: u32 = 64;
-/// Malloc calls of this shard in which the device's reserved high-water mark may rise at
-/// most once for the shard to be steady (module doc).
-pub(super) const STEADY_CALLS: u64 = 1 << 18;
-
-/// Borrows per request size (pool, rounded bytes) by this shard since the device's
-/// `since`-th growth (`Shared::growths`).
-#[derive(Default)]
-pub(crate) struct Borrowed {
-    sizes: rustc_hash::FxHashMap<(PoolKind, usize), u32>,
-    since: u64,
-}
-
-impl Borrowed {
-    /// Forgets the borrows counted before the device's `growths`-th growth.
-    fn age(&mut self, growths: u64) {
-        if self.since != growths {
-            self.sizes.clear();
-            self.since = growths;
-        }
-    }
-
-    /// Counts a borrow for `req`.
-    fn note(&mut self, req: &Request, growths: u64) {
-        self.age(growths);
-        if self.sizes.len() >= BORROWED_SIZES {
-            self.sizes.clear();
-        }
-        *self.sizes.entry((req.kind, req.rounded)).or_default() += 1;
-    }
-
-    /// Whether `req`'s size was borrowed `REPEATS` times since the device last grew;
-    /// if so, forgets them.
-    fn take(&mut self, req: &Request, growths: u64) -> bool {
-        self.age(growths);
-        let key = (req.kind, req.rounded);
-        if self.sizes.get(&key).is_some_and(|&n| n >= REPEATS) {
-            self.sizes.remove(&key);
-            return true;
-        }
-        false
-    }
-}
-
-/// When this shard saw the device's reserved high-water mark rise, by its malloc clock
-/// (`Reclaim::malloc_calls`): the last two times (module doc).
-#[derive(Default)]
-pub(crate) struct Steadiness {
-    /// The mark as last seen (it never falls).
-    mark: usize,
-    /// When this shard saw it rise before the last time.
-    before_last: u64,
-    /// When this shard last saw it rise.
-    last: u64,
-}
-
-impl Steadiness {
-    /// Takes note of the mark `hwm` at this shard's malloc clock `now`. Several rises
-    /// since the last look count as one.
-    fn note(&mut self, hwm: usize, now: u64) {
-        if hwm != self.mark {
-            self.mark = hwm;
-            self.before_last = self.last;
-            self.last = now;
-        }
-    }
-
-    /// Whether the mark rose at most once in this shard's last `STEADY_CALLS` calls.
-    fn steady(&self, now: u64) -> bool {
-        now.saturating_sub(self.before_last) >= STEADY_CALLS
-    }
-}
 
 impl ShardState {
     /// A lent block freed by its borrower: back to this stream's pool at once (the
@@ -146,11 +69,11 @@ impl ShardState {
             let b = &mut self.blocks[id];
             b.stream_uses.clear();
             b.add_wait();
-            self.waits.parked.push(id);
+            self.waits.park(id);
             return true;
         }
         let epoch = self.fence(borrower);
-        self.lending.dirty.add(id, borrower, epoch);
+        self.lending.mark(id, borrower, epoch);
         self.blocks[id].dirty = true;
         false
     }
@@ -214,7 +137,7 @@ impl ShardState {
         self.wait_for_dirty(id, borrower).ok()?;
         self.pool_remove(id);
         let b = self.blocks.remove(id);
-        self.lending.dirty.take(id);
+        self.lending.forget(id);
         self.segment_removed(kind, bsize);
         Some((b.ptr, bsize))
     }
@@ -284,7 +207,7 @@ impl ShardState {
     /// starts again), or this shard is steady; never when growth would pass the reserve
     /// budget.
     pub(super) fn grow_before_borrowing(&mut self, req: &Request, seg_size: usize) -> GrowFirst {
-        let first = if self.lending.borrowed.take(req, self.shared.growths()) {
+        let first = if self.lending.take_repeat(req, self.shared.growths()) {
             GrowFirst::Repeat
         } else if self.steady() {
             GrowFirst::Steady
@@ -299,14 +222,14 @@ impl ShardState {
 
     /// Counts a borrow for the repeat rule.
     fn note_borrow(&mut self, req: &Request) {
-        self.lending.borrowed.note(req, self.shared.growths());
+        self.lending.note_borrow(req, self.shared.growths());
     }
 
     /// Takes note of a rise of the device's reserved high-water mark since the last
     /// look (slow paths only).
     pub(super) fn note_growth(&mut self) {
-        let now = self.reclaim.malloc_calls;
-        self.lending.steadiness.note(self.shared.hwm(), now);
+        let now = self.reclaim.now();
+        self.lending.note_mark(self.shared.hwm(), now);
     }
 
     /// Whether this shard is steady: the device's reserved high-water mark rose at most
@@ -314,7 +237,7 @@ impl ShardState {
     /// paths only.
     pub(super) fn steady(&mut self) -> bool {
         self.note_growth();
-        self.lending.steadiness.steady(self.reclaim.malloc_calls)
+        self.lending.steady(self.reclaim.now())
     }
 }
 
@@ -323,9 +246,9 @@ mod tests {
     use super::super::Released;
     use std::cell::RefCell;
 
+    use super::super::lending_state::{REPEATS, STEADY_CALLS};
     use super::super::testing::{check, device, free, id_of, Others};
     use super::super::ShardState;
-    use super::{REPEATS, STEADY_CALLS};
     use crate::device::{DevicePtr, StreamHandle};
     use crate::stream::UNFENCED;
 
@@ -392,16 +315,17 @@ mod tests {
         let id = id_of(&l, q);
         assert_eq!(l.blocks[id].borrower(), Some(side));
         // No idle event to reuse, and creating one fails: the fence cannot be recorded.
-        l.waits.events.destroy_idle(&*sim, 0).unwrap();
+        l.waits.destroy_idle_events(&*sim, 0).unwrap();
         sim.fail_nth_event_create(0, 1);
         l.ptrs.remove(&q);
         l.free(id);
-        assert_eq!(l.lending.dirty.get(id), [(side, UNFENCED)]);
+        assert_eq!(l.lending.marks(id), [(side, UNFENCED)]);
         check(&l);
         l.release_cached_blocks().unwrap();
         check(&l);
         assert_eq!(
-            l.acct.reserved, 0,
+            l.acct.reserved(),
+            0,
             "pages of the unfenced block stayed mapped"
         );
         let c = sim.counters(0);
@@ -615,7 +539,7 @@ mod tests {
             .served()
             .unwrap();
         assert_eq!(sim.counters(0).frees, frees, "the idle segment stays");
-        assert_eq!(st.acct.reserved, (20 << 20) + (2 << 20) + (24 << 20));
+        assert_eq!(st.acct.reserved(), (20 << 20) + (2 << 20) + (24 << 20));
         // A second growth soon after: no longer steady, the idle segment goes back
         // before the third.
         let second = st
@@ -652,7 +576,7 @@ mod tests {
             .unwrap();
         assert_eq!(sim.counters(0).mallocs, 1);
         assert_eq!(
-            (lender.borrow().acct.reserved, borrower.acct.reserved),
+            (lender.borrow().acct.reserved(), borrower.acct.reserved()),
             (0, 20 << 20)
         );
         check(&lender.borrow());

@@ -83,17 +83,19 @@ impl ShardState {
     /// Returns the block that serves `req`, if any.
     #[cold]
     pub(super) fn wait_for_pending_free(&mut self, req: &Request) -> Option<BlockId> {
-        if !self.may_wait_on_device() || req.stream != self.stream || self.waits.pending.is_empty()
+        if !self.may_wait_on_device()
+            || req.stream != self.stream
+            || self.waits.pending().is_empty()
         {
             return None;
         }
         let (id, _) = self.closest_pending_fit(req)?;
-        let streams: Vec<StreamHandle> = (self.waits.pending.iter())
+        let streams: Vec<StreamHandle> = (self.waits.pending().iter())
             .filter(|&(_, _, b)| b == id)
             .map(|(s, _, _)| s)
             .collect();
         for &s in &streams {
-            let last = self.waits.pending.last_on(s)?;
+            let last = self.waits.pending().last_on(s)?;
             if s != self.stream
                 && self
                     .dev
@@ -107,10 +109,10 @@ impl ShardState {
             let blocks = &self.blocks;
             // Only the stream's own pool: a graph-private block may next be used by a
             // stream that is not ordered after this one.
-            let ended = (self.waits.pending).take_where(s, |b| blocks[b].pool.is_none());
+            let ended = self.waits.take_where(s, |b| blocks[b].pool.is_none());
             self.waits_ended(ended);
         }
-        self.acct.device_waits += 1;
+        self.acct.count_device_wait();
         self.get_free_block(req.kind, req.rounded)
     }
 
@@ -123,7 +125,7 @@ impl ShardState {
     fn take_pending(&mut self, id: BlockId, stream: StreamHandle) -> bool {
         let events: Vec<EventHandle> = self
             .waits
-            .pending
+            .pending()
             .iter()
             .filter(|&(s, _, b)| b == id && s != stream)
             .map(|(_, ev, _)| ev)
@@ -135,11 +137,11 @@ impl ShardState {
         }
         if stream != self.stream {
             let epoch = self.fence(stream);
-            self.lending.dirty.add(id, stream, epoch);
+            self.lending.mark(id, stream, epoch);
             self.blocks[id].dirty = true;
         }
-        for (_, ev) in self.waits.pending.remove_item(id) {
-            self.waits.events.put(ev);
+        for (_, ev) in self.waits.remove_block(id) {
+            self.waits.recycle(ev);
             self.event_done(id);
         }
         true
@@ -175,7 +177,7 @@ impl ShardState {
             false
         });
         if lent.is_some() {
-            self.acct.device_waits += 1;
+            self.acct.count_device_wait();
         }
         lent
     }
@@ -183,7 +185,7 @@ impl ShardState {
     /// The lender's side, first pass: (events ahead, size) of the pending free of this
     /// shard that would serve `req` (made on another stream), if any.
     fn pending_offer(&self, req: &Request) -> Option<(usize, usize)> {
-        if !self.may_wait_on_device() || self.waits.pending.is_empty() {
+        if !self.may_wait_on_device() || self.waits.pending().is_empty() {
             return None;
         }
         let (id, ahead) = self.closest_pending_fit(req)?;
@@ -197,7 +199,7 @@ impl ShardState {
     /// fit (measured: merging only when the block itself went there needed more memory
     /// on mobilenet_infer rr4, benches/README.md).
     fn lend_pending_free(&mut self, req: &Request) -> Option<DevicePtr> {
-        if !self.may_wait_on_device() || self.waits.pending.is_empty() {
+        if !self.may_wait_on_device() || self.waits.pending().is_empty() {
             return None;
         }
         let (id, _) = self.closest_pending_fit(req)?;
@@ -214,7 +216,7 @@ impl ShardState {
     fn closest_pending_fit(&self, req: &Request) -> Option<(BlockId, usize)> {
         let mut queued: Vec<(BlockId, usize)> = Vec::new(); // (block, events ahead)
         let mut ahead: rustc_hash::FxHashMap<StreamHandle, usize> = Default::default();
-        for (s, _, id) in self.waits.pending.iter() {
+        for (s, _, id) in self.waits.pending().iter() {
             let n = ahead.entry(s).or_default();
             match queued.iter_mut().find(|(b, _)| *b == id) {
                 Some(e) => e.1 = e.1.max(*n),
@@ -224,7 +226,7 @@ impl ShardState {
         }
         queued
             .into_iter()
-            .filter(|&(id, _)| self.pending_fits(id, req, &self.waits.pending))
+            .filter(|&(id, _)| self.pending_fits(id, req, self.waits.pending()))
             .min_by_key(|&(id, n)| (n, self.blocks[id].size, id))
     }
 
@@ -250,7 +252,7 @@ mod tests {
     use super::super::Released;
     use std::cell::RefCell;
 
-    use super::super::testing::{check, device, free, id_of, Others};
+    use super::super::testing::{check, device, free, id_of, malloc_ok, Others};
     use super::super::{NoPeers, ShardState};
     use crate::device::StreamHandle;
     use crate::pool::Phase;
@@ -269,11 +271,7 @@ mod tests {
         let (sim, shared) = device(50 * MIB, conf);
         let mut st = ShardState::new(StreamHandle::DEFAULT, shared);
         let side = sim.create_stream(0).unwrap();
-        let p = st
-            .malloc(30 * MIB, Released::Nothing, &NoPeers)
-            .unwrap()
-            .served()
-            .unwrap();
+        let p = malloc_ok(&mut st, 30 * MIB);
         let id = id_of(&st, p);
         st.record_stream(id, p, side).unwrap();
         free(&mut st, p);
@@ -284,15 +282,11 @@ mod tests {
     #[test]
     fn under_pressure_the_stream_waits_on_the_device_for_a_pending_free() {
         let (sim, mut st, p, side) = pressed("");
-        let q = st
-            .malloc(30 * MIB, Released::Nothing, &NoPeers)
-            .unwrap()
-            .served()
-            .unwrap();
+        let q = malloc_ok(&mut st, 30 * MIB);
         assert_eq!(q, p, "the pending block serves it");
         let c = sim.counters(0);
         assert_eq!((c.synchronizations, c.mallocs, c.stream_waits), (0, 1, 1));
-        assert_eq!(st.acct.device_waits, 1);
+        assert_eq!(st.acct.device_waits(), 1);
         // The wait is queued on this stream: it cannot run past it before the side
         // stream ran past the free.
         assert_eq!(sim.pending(0, st.stream).unwrap(), 1);
@@ -308,37 +302,17 @@ mod tests {
         let (sim, shared) = device(64 * MIB, "adaptive_segments:False");
         let mut st = ShardState::new(StreamHandle::DEFAULT, shared);
         let side = sim.create_stream(0).unwrap();
-        let whole = st
-            .malloc(62 * MIB, Released::Nothing, &NoPeers)
-            .unwrap()
-            .served()
-            .unwrap();
+        let whole = malloc_ok(&mut st, 62 * MIB);
         free(&mut st, whole);
-        let pa = st
-            .malloc(30 * MIB, Released::Nothing, &NoPeers)
-            .unwrap()
-            .served()
-            .unwrap();
-        let pb = st
-            .malloc(30 * MIB, Released::Nothing, &NoPeers)
-            .unwrap()
-            .served()
-            .unwrap();
-        let _keep = st
-            .malloc(2 * MIB, Released::Nothing, &NoPeers)
-            .unwrap()
-            .served()
-            .unwrap();
+        let pa = malloc_ok(&mut st, 30 * MIB);
+        let pb = malloc_ok(&mut st, 30 * MIB);
+        let _keep = malloc_ok(&mut st, 2 * MIB);
         for q in [pa, pb] {
             st.record_stream(id_of(&st, q), q, side).unwrap();
             free(&mut st, q);
         }
         assert_eq!(st.pending_count(), 2);
-        let q = st
-            .malloc(30 * MIB, Released::Nothing, &NoPeers)
-            .unwrap()
-            .served()
-            .unwrap();
+        let q = malloc_ok(&mut st, 30 * MIB);
         assert_eq!(q, pa, "the first freed, closest to done");
         assert_eq!(
             st.pending_count(),
@@ -369,20 +343,10 @@ mod tests {
         let (sim, shared) = device(1 << 30, "");
         let mut st = ShardState::new(StreamHandle::DEFAULT, shared);
         let side = sim.create_stream(0).unwrap();
-        let p = st
-            .malloc(30 * MIB, Released::Nothing, &NoPeers)
-            .unwrap()
-            .served()
-            .unwrap();
+        let p = malloc_ok(&mut st, 30 * MIB);
         st.record_stream(id_of(&st, p), p, side).unwrap();
         free(&mut st, p);
-        assert_ne!(
-            st.malloc(30 * MIB, Released::Nothing, &NoPeers)
-                .unwrap()
-                .served()
-                .unwrap(),
-            p
-        );
+        assert_ne!(malloc_ok(&mut st, 30 * MIB), p);
         assert_eq!(sim.counters(0).stream_waits, 0);
         check(&st);
     }
@@ -392,20 +356,10 @@ mod tests {
         let (sim, shared) = device(1 << 30, "reserve_budget_mb:40");
         let mut st = ShardState::new(StreamHandle::DEFAULT, shared);
         let side = sim.create_stream(0).unwrap();
-        let p = st
-            .malloc(30 * MIB, Released::Nothing, &NoPeers)
-            .unwrap()
-            .served()
-            .unwrap();
+        let p = malloc_ok(&mut st, 30 * MIB);
         st.record_stream(id_of(&st, p), p, side).unwrap();
         free(&mut st, p);
-        assert_eq!(
-            st.malloc(30 * MIB, Released::Nothing, &NoPeers)
-                .unwrap()
-                .served()
-                .unwrap(),
-            p
-        );
+        assert_eq!(malloc_ok(&mut st, 30 * MIB), p);
         assert_eq!(sim.counters(0).mallocs, 1);
         // Nothing pending: the budget is soft, growth goes on.
         assert!(st
@@ -468,7 +422,7 @@ mod tests {
             1,
             "the side stream has not run"
         );
-        assert_eq!(b.acct.device_waits, 1);
+        assert_eq!(b.acct.device_waits(), 1);
         let l = lender.borrow();
         let id = id_of(&l, p);
         assert_eq!(l.blocks[id].phase, Phase::Lent);

@@ -50,7 +50,7 @@ impl ShardState {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::{check, free, id_of, shard_on};
+    use super::super::testing::{check, free, id_of, malloc_ok, shard_on};
     use super::super::Released;
     use super::super::{NoPeers, ShardState};
     use crate::device::sim::SimDevice;
@@ -65,22 +65,10 @@ mod tests {
     /// filled by 1 MiB requests: no small-pool segment can grow.
     fn full_small_pool(conf: &str) -> (Arc<SimDevice>, ShardState) {
         let (sim, mut st) = shard_on(24 << 20, conf);
-        let whole = st
-            .malloc(20 << 20, Released::Nothing, &NoPeers)
-            .unwrap()
-            .served()
-            .unwrap();
+        let whole = malloc_ok(&mut st, 20 << 20);
         free(&mut st, whole);
-        let large = st
-            .malloc(12 << 20, Released::Nothing, &NoPeers)
-            .unwrap()
-            .served()
-            .unwrap();
-        let _pin = st
-            .malloc(2 << 20, Released::Nothing, &NoPeers)
-            .unwrap()
-            .served()
-            .unwrap();
+        let large = malloc_ok(&mut st, 12 << 20);
+        let _pin = malloc_ok(&mut st, 2 << 20);
         for _ in 0..4 {
             assert!(st
                 .malloc(1 << 20, Released::Nothing, &NoPeers)
@@ -111,7 +99,7 @@ mod tests {
         let id = id_of(&st, p);
         assert_eq!(st.blocks[id].kind, PoolKind::Large);
         assert_eq!(st.blocks[id].size, 1024);
-        assert_eq!(st.acct.stats.num_ooms, 0);
+        assert_eq!(st.acct.stats().num_ooms, 0);
         assert_eq!(sim.counters(0).mallocs, 3);
         // Counted in the large pool, as its segment: the 2 MiB block and this one.
         let s = st.stats_snapshot();
