@@ -322,11 +322,12 @@ impl CachingAllocator {
         };
         let found = st.malloc(size, Released::Nothing, &peers);
         self.set_pending(shard, st.pending_count());
-        // Every arm takes `found` apart by value: nothing is left to drop (a catch-all
-        // arm left it to an out-of-line drop call on the fast path). The slow path runs
-        // with the lock released.
+        // Nothing is left to drop on any arm: the slow arms take `found` apart by value,
+        // and a served outcome owns nothing, so it is forgotten (a drop of it stays an
+        // out-of-line call on the fast path). The slow path runs with the lock released.
         match found {
             Ok(Outcome::Served(ptr)) => {
+                std::mem::forget(found);
                 drop(st);
                 THREAD.with(|t| t.last_shard.set((self.id, si)));
                 Ok(ptr)

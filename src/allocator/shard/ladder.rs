@@ -226,7 +226,10 @@ impl ShardState {
     }
 
     /// Serves a request of `size` bytes on this shard's stream: climbs the ladder, or
-    /// after a release across shards (`released`) the part of it that follows.
+    /// after a release across shards (`released`) the part of it that follows. Inlined
+    /// into the allocator's malloc: its outcome is matched there, never stored (the
+    /// miss is out of line).
+    #[inline(always)]
     pub fn malloc(
         &mut self,
         size: usize,
@@ -268,7 +271,8 @@ impl ShardState {
     /// The rest of the ladder, for a request the own cache could not serve. Looks at
     /// the device's reserved high-water mark before and after (`lending.rs`:
     /// steadiness), so that a rise by this shard's own growth counts from when it
-    /// happened.
+    /// happened. Out of line: the fast path's frame stays the own cache's.
+    #[inline(never)]
     fn miss(
         &mut self,
         req: &Request,
