@@ -122,7 +122,7 @@ pub struct Config {
     /// it), so a request takes a larger block elsewhere first: PyTorch's and
     /// torch_npu's rule, on in [`PYTORCH_POLICY`] and [`TORCH_NPU_POLICY`]
     /// (`expandable_best_fit:True`). Off by default: the smallest block that fits,
-    /// growable or not (the figures of `benches/README.md` were measured so).
+    /// growable or not (decision 022).
     pub expandable_best_fit: bool,
     /// With expandable segments, the large pool's page (mapping granule) scales with
     /// the workload: 2 MiB doubling up to `large_segment_size_mb`, at most 1/256 of the

@@ -1,4 +1,4 @@
-//! Exact device-wide statistics over several stream shards (issue #17 item 9).
+//! Exact device-wide statistics over several stream shards (decision 024).
 //!
 //! Each shard keeps its own `DeviceStats` (the per-stream statistics). A device-wide
 //! current value is the sum over shards, but a device-wide peak is the highest value
@@ -26,7 +26,7 @@
 //! most of them so: each shard's window peak counts the other's moments) are replayed,
 //! about 20 instructions per logged change (`Totals::apply_op`).
 //!
-//! Quiet mode (`totals/quiet.rs`, issue #17's scaling target): after a merge that can
+//! Quiet mode (`totals/quiet.rs`, decision 025): after a merge that can
 //! give every shard, per statistic, an allowance at least its current value with the
 //! allowances summing to at most the device-wide peak, the merge clears the flag and
 //! the shards run the unlogged code, as one stream does: no stamp, no log write, and

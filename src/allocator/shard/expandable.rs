@@ -42,8 +42,8 @@ const UNMAP_SLACK_DIVISOR: usize = 32;
 
 /// With `adaptive_pages`, the large pool's page size (the mapping granule) is at
 /// most this fraction of the reserved high-water mark ([`vm_page_for`](ShardState::vm_page_for)).
-/// Measured on the 20 traces (`--conf expandable_segments:True`, benches/README.md,
-/// session 9 w3): 1/64 left unet_train at 1.022 (1.016 with fixed 20 MiB pages), 1/128
+/// Measured on the 20 traces (`--conf expandable_segments:True`, decision 021): 1/64
+/// left unet_train at 1.022 (1.016 with fixed 20 MiB pages), 1/128
 /// at 1.016 (PyTorch's smallest device 1.013), 1/256 at 1.011, every other trace at or
 /// under both; page maps 4,864 / 6,775 / 8,936 in all (1,529 with 20 MiB pages).
 const GRANULE_DIVISOR: usize = 256;
@@ -52,8 +52,8 @@ const GRANULE_MIN: usize = 2 << 20;
 /// With `adaptive_pages`, a growth maps pages of at least this fraction of its request
 /// (doubling from [`GRANULE_MIN`], [`vm_page_for`](ShardState::vm_page_for)): a request
 /// far above the mark's granule is not mapped in 2 MiB pages whose last one a repeated
-/// workload keeps unmapping and mapping again. Measured (benches/README.md, session 10
-/// w2): gpt2_infer `--repeat 4` mapped 99 pages every pass for its 196 MiB logits with
+/// workload keeps unmapping and mapping again. Measured (decision 021): gpt2_infer
+/// `--repeat 4` mapped 99 pages every pass for its 196 MiB logits with
 /// 2 MiB pages (176 maps once, 473 over four passes); with 1/32 (4 MiB pages for it)
 /// 128 maps once and over four passes; 1/16 also changed bert_train (1.015 → 1.020).
 const REQUEST_GRANULE_DIVISOR: usize = 32;
@@ -363,7 +363,7 @@ impl ShardState {
         let markers = self.shared.markers.clone();
         let range = markers.range(|| format!("npualloc.map {bytes}B dev{index}"));
         // One mapping per page, as PyTorch and torch_npu: a free page can always go back
-        // (mapping a whole grow at once was measured worse, benches/README.md).
+        // (mapping a whole grow at once was measured worse; decision 020).
         for i in 0..k {
             match self.dev.vm_map(index, va + i * page, page) {
                 Ok(h) => self.vm[seg].pages[first + i] = Some(h),

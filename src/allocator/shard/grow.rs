@@ -91,7 +91,7 @@ impl ShardState {
     /// pages in `expandable.rs`): this stream's own high-water mark, but at least half
     /// the device's, so streams taking turns still get sizes large enough to share
     /// (measured: the device's alone over-sizes a side stream's segments, the stream's
-    /// alone under-sizes those of streams in rotation; benches/README.md).
+    /// alone under-sizes those of streams in rotation; decision 001).
     pub(super) fn size_mark(&self) -> usize {
         self.acct.reserved_hwm().max(self.shared.hwm() / 2)
     }
@@ -101,7 +101,7 @@ impl ShardState {
     /// (adaptive sizing only), then PyTorch's size if that is smaller than `seg_size`:
     /// memory is short, and a segment that fits beats a larger one that does not
     /// (measured: without it the defaults ran out of memory at PyTorch's smallest
-    /// device on most derived cases, benches/README.md). Once a growth has failed, and
+    /// device on most derived cases; decision 002). Once a growth has failed, and
     /// for every request whose block was kept whole (`keep_whole.rs`), `seg_size` is
     /// already the request's own size (`after_failure_size`).
     pub(super) fn alloc_segment(
@@ -118,7 +118,7 @@ impl ShardState {
         }
         // Memory is short: the least first (measured: before PyTorch's 20 MiB for a 1
         // to 10 MiB request, unet_train's smallest device 1,680 → 1,674 MiB, PyTorch's;
-        // benches/README.md, issue #16's fourth pass).
+        // decision 002).
         if let Some(exact) = self.exact_segment_size(req).filter(|&e| e < seg_size) {
             if let Some(id) = self.alloc_block(exact, req.stream, req.kind)? {
                 return Ok(Some(id));
@@ -150,11 +150,10 @@ impl ShardState {
     /// `seg_size`, or once a device malloc for a segment has failed on this device
     /// (the memory-short regime), or for a request whose best fit was kept whole
     /// (`keep_whole.rs`), the request's own size rounded to 2 MiB if that is smaller
-    /// (adaptive sizing only): memory is short, and
-    /// an adaptive segment's excess over the request is what a later large request
-    /// then misses (measured: OOM on PyTorch's smallest device 23 → 21 cases,
-    /// benches/README.md, issue #16's session 9, w2). Before any failure and with no
-    /// block kept whole, and so on every uncapped replay, nothing changes.
+    /// (adaptive sizing only): memory is short, and an adaptive segment's excess over
+    /// the request is what a later large request then misses (measured: OOM on
+    /// PyTorch's smallest device 23 → 21 cases; decision 003). Before any failure and
+    /// with no block kept whole, and so on every uncapped replay, nothing changes.
     fn after_failure_size(&self, req: &Request, seg_size: usize) -> usize {
         if !self.shared.memory_short() && !req.kept_whole {
             return seg_size;

@@ -1,5 +1,5 @@
 //! Under memory pressure, a whole free segment is kept for a request of its size
-//! (issues #15 and #16).
+//! (decision 008).
 //!
 //! Best fit splits the smallest free block that fits. When that block is a whole cached
 //! segment at least twice the request (one that served a large tensor, freed between
@@ -15,10 +15,10 @@
 //! the request's own size rounded to 2 MiB, `alloc_segment`), and only if that fails too
 //! takes the segment after all (`take_kept_whole`, before the release rungs): the rule
 //! never fails a request that best fit would serve. Once the device has refused a
-//! segment (the memory-short regime, `Regime::MemoryShort`) it always applies; before that, only while the
-//! request's own segment can still be had, so that keeping never causes the first
-//! failure (which turns every later segment to its request's own size, `ladder.rs`).
-//! Measured (issue #15, session 10, benches/README.md): the split happens before any
+//! segment (the memory-short regime, `Regime::MemoryShort`) it always applies; before
+//! that, only while the request's own segment can still be had, so that keeping never
+//! causes the first failure (which turns every later segment to its request's own
+//! size, `grow.rs`). Measured (decisions 008 and 038): the split happens before any
 //! failure (resnet50_infer_varbatch's 98 MiB segment at its own smallest device);
 //! applying the rule there too lowers the defaults' smallest device on
 //! resnet50_infer_varbatch 1.212 → 1.029, t5_generate_varlen 1.720 → 1.660,
@@ -30,16 +30,16 @@
 //! Contract:
 //! - applies to a fresh request's best fit: this stream's own cache and merged cache
 //!   (`get_own_free_block`) and another stream's free block lent to it
-//!   (`lend_block_keeping_whole`); never to a pending free taken by the pressure rung or
-//!   to the last rung (they keep plain best fit);
-//! - only with `adaptive_segments` (off in `PYTORCH_POLICY`), to large-pool
+//!   (`lend_block` with `BestFit::KeepingWhole`); never to a pending free taken by the
+//!   pressure rung or to the rungs after the release (they keep plain best fit);
+//! - only with `keep_whole` (which needs `adaptive_segments`; off in `PYTORCH_POLICY`), to large-pool
 //!   blocks that are a whole ordinary segment (not split, not expandable) and at least
 //!   twice the rounded request;
 //! - before any failed growth, inert unless this allocator's own reservations leave no
 //!   room for the segment on the device (its total memory) or under the memory
 //!   fraction: uncapped figures do not move; on a device as small as the uncapped peak
 //!   reserve it may act (more device mallocs there on some traces, never an OOM in the
-//!   zoo; benches/README.md);
+//!   zoo; decision 008);
 //! - "could not give it back": the segment's size would pass the memory fraction, or
 //!   the device reports less free memory than that (`Device::mem_info`; asked only
 //!   here, after the cheap tests);

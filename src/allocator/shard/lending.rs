@@ -18,7 +18,7 @@
 //! borrows only if that fails. Growth elsewhere on the device starts the count again: a
 //! workload still growing (one pass of a trace) keeps lending's memory savings, which
 //! come from borrowing the same sizes again and again (layers); `REPEATS` was chosen on
-//! the derived multi-stream replays (benches/README.md). Memory is short when growth
+//! the derived multi-stream replays (decision 011). Memory is short when growth
 //! would pass the reserve budget (then it borrows without trying), the memory fraction
 //! or the device's capacity (the growth fails, and the borrow is not counted): there
 //! lending is kept as before.
@@ -42,7 +42,7 @@
 //! brings lending and reclaiming back; it pays at most one segment for the first
 //! growth. `STEADY_CALLS` (2^18: about a hundred passes of a training loop of a few
 //! thousand allocations) is longer than every stream of the shipped and zoo replays,
-//! whose figures are unchanged (benches/README.md).
+//! whose figures are unchanged (decision 012).
 
 use super::request::{BestFit, Counting, GrowFirst, Request};
 use super::Peers;
@@ -294,9 +294,9 @@ mod tests {
         assert!(!l.is_dirty(id), "the borrower's fence completed");
     }
 
-    /// Issue #17 item 8: with expandable segments, a lent block freed by its borrower
-    /// while no event could be created stayed dirty (unfenced) through every full
-    /// synchronisation, so its pages were never unmapped.
+    /// With expandable segments, a lent block freed by its borrower while no event can
+    /// be created is unfenced: the next full synchronisation clears it, so its pages
+    /// can be unmapped.
     #[test]
     fn a_block_freed_without_a_fence_goes_back_at_the_next_full_synchronisation() {
         let Setup {
@@ -481,12 +481,11 @@ mod tests {
         }
     }
 
-    /// Issue #18: a stream that borrowed for a miss the first time keeps doing so at
-    /// every pass of a steady loop where the miss comes rarely (fewer than `REPEATS`
-    /// times between two growths of the device: in the ABI trace mix, every few dozen
-    /// passes), with events each time. Once the device's reserved high-water mark has
-    /// risen at most once in `STEADY_CALLS` of its malloc calls, its miss grows its own
-    /// cache instead.
+    /// A stream whose miss comes rarely in a steady loop (fewer than `REPEATS` times
+    /// between two growths of the device) would borrow at every pass, with events.
+    /// Once the device's reserved high-water mark has risen at most once in
+    /// `STEADY_CALLS` of its malloc calls, its miss grows its own cache instead
+    /// (decision 012).
     #[test]
     #[cfg_attr(miri, ignore = "2^18 malloc calls, interpreted: hours")]
     fn a_steady_stream_grows_its_own_cache_at_a_miss() {
@@ -510,10 +509,10 @@ mod tests {
         check(&borrower);
     }
 
-    /// Issue #18: growing past the high-water mark gave an idle segment back first, which
-    /// its stream allocated again a pass later (a steady loop's pass can be longer than
-    /// the churn back-off's window), and so on. A steady stream keeps its idle segments,
-    /// and two growths close together end steadiness.
+    /// Growing past the high-water mark would give an idle segment back first, which
+    /// its stream allocates again a pass later (a steady loop's pass can be longer than
+    /// the churn back-off's window). A steady stream keeps its idle segments, and two
+    /// growths close together end steadiness (decision 012).
     #[test]
     #[cfg_attr(miri, ignore = "2^18 malloc calls, interpreted: hours")]
     fn a_steady_stream_reclaims_nothing_before_growth() {

@@ -1,4 +1,5 @@
-//! Memory pressure: a device-side wait for a pending free instead of growth (issue #16).
+//! Memory pressure: a device-side wait for a pending free instead of growth (decision
+//! 014).
 //!
 //! When growing would pass the device's capacity, the memory fraction or the reserve
 //! budget (`reserve_budget_mb`), a block that only waits for the events of the other
@@ -10,7 +11,7 @@
 //! there before it, since a stream's events complete in order: those frees of this
 //! stream's own pool join the free lists too and merge, the stream-ordered form of
 //! PyTorch's `synchronize_and_free_events`; measured against waiting for the one
-//! block, benches/README.md "Session 10, lead"); if none fits, another
+//! block, decision 015); if none fits, another
 //! shard's (`borrow_pending_free`): that shard ends the block's waits the same way and
 //! lends it as `lend_block` does, which also orders the borrower after the lender's own
 //! stream (an event recorded there now), so the borrower runs after every stream the
@@ -197,7 +198,7 @@ impl ShardState {
     /// then lent to it (`lend_block`, which orders the borrower after this stream). The
     /// hot cache is merged first: its blocks may combine with the block into a better
     /// fit (measured: merging only when the block itself went there needed more memory
-    /// on mobilenet_infer rr4, benches/README.md).
+    /// on mobilenet_infer rr4; decision 040).
     fn lend_pending_free(&mut self, req: &Request) -> Option<DevicePtr> {
         if !self.may_wait_on_device() || self.waits.pending().is_empty() {
             return None;

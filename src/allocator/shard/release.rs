@@ -169,7 +169,7 @@ impl ShardState {
     /// nothing back, and its idle segments are not taken by another stream's growth:
     /// at steady state they are its loop's, needed again.
     ///
-    /// Measured cost (benches/README.md, *Session 9, w1*): a segment returned for a
+    /// Measured cost (decision 004): a segment returned for a
     /// growth of the other pool (a large one for a 2 MiB small-pool segment) is what a
     /// repeated workload's second pass makes again (mlp_infer, bert_infer_varlen: one
     /// device malloc each, the one-pass mark 2 MiB under PyTorch's); every rule tried

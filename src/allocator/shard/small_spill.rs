@@ -1,5 +1,5 @@
 //! At the last rung, a small-pool request takes a free block of a large-pool segment
-//! rather than run out of memory (issue #16).
+//! rather than run out of memory (decision 017).
 //!
 //! PyTorch keeps the pools apart: a request of 1 MiB or less only ever takes a block of
 //! a 2 MiB small-pool segment, and when the device cannot give one more, it is out of
@@ -26,7 +26,7 @@
 //! - `max_split_size_mb` holds: best fit does not take an oversize block for it
 //!   (`get_free_block`).
 //!
-//! Measured and dropped (benches/README.md, issue #16, session 10 w1): the same before
+//! Measured and dropped (decision 039): the same before
 //! the last rung's host synchronisation, or before the last rungs at all (fewer host
 //! syncs, but small requests then spill where the synchronised small frees would have
 //! served: min capacity worse on 2 to 9 cases); also borrowing another stream's
