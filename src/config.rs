@@ -144,7 +144,7 @@ pub struct Config {
     pub reserve_budget: Option<usize>,
     /// Device-wide statistics exact with several streams (the default, as PyTorch's):
     /// from the second stream on, shards log their changes to statistics with a peak
-    /// (`allocator/totals.rs`). `False` (`exact_stats:False`): no logs; with several
+    /// (`allocator/accounting/totals.rs`). `False` (`exact_stats:False`): no logs; with several
     /// streams the aggregate peaks other than reserved bytes are then the larger of
     /// each stream's peak and the sum of current values (a lower bound), for the
     /// throughput of several threads on their own streams.

@@ -1,21 +1,17 @@
 //! The caching allocator of one device.
 //!
-//! `malloc` order (PyTorch's, with npualloc's additions in brackets): poll pending
-//! frees → best fit in the stream's pool → garbage collection (with a memory
-//! fraction) → [borrow a wholly free segment of another stream → borrow a free block of
-//! another stream's pool → return idle empty segments] → device malloc [PyTorch's size
-//! if the adaptive one does not fit] → release oversize cached blocks and retry → [wait
-//! on the device for a pending free, this stream's or another's → release every
-//! stream's cached segments that need no host wait and retry] → release every cached
-//! segment (synchronising events [only the streams holding pending frees, once each])
-//! and retry → out of memory.
+//! `malloc`: poll pending frees, then climb the shard's ladder (`shard/ladder.rs`: the
+//! rungs in order, one list built from the [`Policy`] — PyTorch's own cache, garbage
+//! collection, growth and release rungs, with npualloc's between them); the two rungs
+//! that release other streams' caches run here, with no shard lock held
+//! (`last_resort.rs`).
 //!
 //! Locking: each stream has its own shard (block arena, free lists, events, statistics)
 //! behind its own mutex, found without a lock; blocks are reused on their own stream,
 //! or lent to another under device-side ordering (a borrower takes the lender's lock
 //! with `try_lock` only, never waiting). Threads working on different streams do not contend; device-wide
 //! counters (reserved bytes, the memory fraction) are atomics touched only on slow
-//! paths; device-wide statistics are rebuilt from per-shard logs (`totals.rs`) under
+//! paths; device-wide statistics are rebuilt from per-shard logs (`accounting/`) under
 //! the statistics lock, which is taken before any shard lock and never with one held. Each shard maps its own live pointers to blocks: a free goes to the shard of
 //! the allocation's stream when the caller names it (torch does), else to the shard of
 //! this thread's last allocation, else searches the shards. Device calls are made with
@@ -23,13 +19,13 @@
 //! takes the other shards' mutexes one at a time with its own released.
 //!
 //! Layout: `shards.rs` the stream → shard table (boxed shards, found without a lock);
-//! `shared.rs` what the shards share (the device context: device, index, settings,
-//! profiler markers; device-wide counters); `totals.rs` exact device-wide statistics
-//! from the shards' logs and `statistics.rs` the methods that read and merge them;
-//! `shard/` one stream's shard state, one file per concern (the ladder above is
-//! `shard/ladder.rs`); `last_resort.rs` the rungs that release the other streams'
-//! caches and synchronise; `oom.rs` torch_npu's
-//! out-of-memory message; `invariants.rs` the checker that recounts a shard.
+//! `shared.rs` what the shards share (the device context: device, index, settings and
+//! policy, profiler markers; device-wide counters and the memory-short regime);
+//! `accounting/` exact statistics (each shard's counts, the logs and device-wide
+//! totals, the methods that read and merge them); `shard/` one stream's shard state,
+//! one file per concern; `last_resort.rs` the ladder's rungs across shards; `oom.rs`
+//! torch_npu's out-of-memory message; `invariants.rs` the checker that recounts a
+//! shard.
 
 mod accounting;
 mod invariants;
@@ -226,7 +222,7 @@ impl CachingAllocator {
                 debug_assert_eq!(shards.len(), 1, "the logs go on with the second shard");
                 totals.enable(Some(st.acct.stats()));
                 st.acct.start_logging();
-                // Every shard logs until a merge can give allowances (`totals/quiet.rs`).
+                // Every shard logs until a merge can give allowances (`accounting/totals/quiet.rs`).
                 self.shared.stats_logging.store(true, Ordering::SeqCst);
             }
         }

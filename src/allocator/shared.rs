@@ -66,13 +66,13 @@ pub(crate) struct Shared {
     allowed_max: AtomicUsize,
     /// Frees waiting for events, over all shards.
     pub pending_total: AtomicIsize,
-    /// Device-wide statistics rebuilt from the shards' logs (`totals.rs`). Lock order:
+    /// Device-wide statistics rebuilt from the shards' logs (`accounting/totals.rs`). Lock order:
     /// this, then shards in creation order.
     pub totals: Mutex<Totals>,
     /// Set when a shard's statistics log is full: the next malloc merges
     /// ([`Shared::ask_merge`]).
     merge_wanted: AtomicBool,
-    /// Whether the shards log their statistics changes (`totals/quiet.rs`): clear while
+    /// Whether the shards log their statistics changes (`accounting/totals/quiet.rs`): clear while
     /// one shard exists (nothing logged) or with `exact_stats:False`; set when the
     /// second shard turns the logs on; cleared by a merge that enters quiet mode (all
     /// shards locked), set by the first change that passes its shard's allowance. Read

@@ -55,7 +55,7 @@ impl ShardState {
             }
             // `return_lent` may synchronise with other threads (the capturing streams'
             // lock): the flag is loaded again for the changes after it
-            // (`../totals/quiet.rs`).
+            // (`../accounting/totals/quiet.rs`).
             if !LOG && self.acct.logging_by(&self.shared.stats_logging) {
                 return self.free_settle::<true>(id);
             }

@@ -152,7 +152,7 @@ impl ShardState {
     ///
     /// Loads the statistics flag once (it visits no other shard): when set, a copy of
     /// its own (`LOG`, out of line) runs instead; the usual copy, which quiet shards
-    /// run too (`../totals/quiet.rs`), logs nothing and has no call to save registers
+    /// run too (`../accounting/totals/quiet.rs`), logs nothing and has no call to save registers
     /// around.
     pub(super) fn alloc_found_block(
         &mut self,

@@ -48,7 +48,7 @@
 //!   reserved bytes against the device's total (asked of the device once,
 //!   `Shared::device_total`); the rest is after a miss;
 //! - a request whose block was kept carries it (`Request::kept_whole`, set after the
-//!   cache rungs): its growth takes its own size rounded to 2 MiB (`ladder.rs`,
+//!   cache rungs): its growth takes its own size rounded to 2 MiB (`grow.rs`,
 //!   `after_failure_size`), before any failure too.
 
 use super::request::Request;
@@ -91,7 +91,7 @@ impl ShardState {
         }
         // Before any failure, only while the request's own segment can be had: the
         // rule then never causes the first failure (which would turn every later
-        // segment to its request's own size, `ladder.rs`).
+        // segment to its request's own size, `grow.rs`).
         failed || self.could_regrow(rounded.next_multiple_of(ROUND_LARGE))
     }
 
@@ -280,7 +280,7 @@ mod tests {
             .unwrap();
         assert_ne!(q, big, "lent the head of the kept segment");
         // A growth has failed on this device: the new segment is the request's own
-        // size (`ladder.rs`, `after_failure_size`), not an adaptive 20 MiB.
+        // size (`grow.rs`, `after_failure_size`), not an adaptive 20 MiB.
         assert_eq!(borrower.acct.reserved(), 4 * MIB, "a segment of its own");
         check(&borrower);
         let mut l = lender.borrow_mut();

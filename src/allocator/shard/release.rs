@@ -94,7 +94,7 @@ impl ShardState {
 
     /// Frees every cached whole segment that can go back without a host wait (not
     /// dirty, in a releasable pool), after taking in the events and fences that
-    /// completed; returns whether any went back (the first rung of `last_resort.rs`).
+    /// completed; returns whether any went back (the rung `ReleaseClean`, `../last_resort.rs`).
     pub fn release_clean_segments(&mut self) -> bool {
         self.process_events();
         self.poll_fences();
