@@ -8,9 +8,10 @@
 //! ([`PYTORCH_POLICY`](crate::config::PYTORCH_POLICY): PyTorch's caching allocator
 //! exactly) and [`Policy::torch_npu`] ([`TORCH_NPU_POLICY`](crate::config::TORCH_NPU_POLICY):
 //! PyTorch's, with torch_npu's request padding and head split). On any of them,
-//! expandable segments may be turned on, and each of npualloc's rules may be turned off
-//! on its own (what `scripts/rule_costs.py` does to price them). Two dependencies are
-//! resolved here, stated, never silent:
+//! expandable segments may be turned on, and any of npualloc's rules may be left out,
+//! alone or with others: each is a rung of the miss path (`allocator/shard/ladder.rs`)
+//! or a switch that no other rule relies on, but for two dependencies, resolved here,
+//! stated, never silent (`scripts/rule_costs.py` prices each rule left out alone):
 //!
 //! - **with expandable segments** the rules that need ordinary segments do not apply:
 //!   segment lending and its growth-first rule (a run of mapped pages is never a
