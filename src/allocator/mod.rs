@@ -22,7 +22,8 @@
 //! `shared.rs` what the shards share (the device context: device, index, settings and
 //! policy, profiler markers; device-wide counters and the memory-short regime);
 //! `accounting/` exact statistics (each shard's counts, the logs and device-wide
-//! totals, the methods that read and merge them); `shard/` one stream's shard state,
+//! totals) and `statistics.rs` the methods that read and merge them; `shard/` one
+//! stream's shard state,
 //! one file per concern; `last_resort.rs` the ladder's rungs across shards; `oom.rs`
 //! torch_npu's out-of-memory message; `invariants.rs` the checker that recounts a
 //! shard.
@@ -34,6 +35,7 @@ mod oom;
 mod shard;
 mod shards;
 mod shared;
+mod statistics;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

@@ -1,19 +1,19 @@
 //! Exact statistics, in one place: each shard's own counts ([`Accounting`], what a
-//! shard holds counted as PyTorch's `DeviceStats`), the logs of their changes and the
-//! device-wide totals rebuilt from them (`totals.rs`, `totals/quiet.rs`), and the
-//! allocator's statistics methods that read, reset and merge them (`statistics.rs`).
+//! shard holds counted as PyTorch's `DeviceStats`), and the logs of their changes and
+//! the device-wide totals rebuilt from them (`totals.rs`, `totals/quiet.rs`). The
+//! allocator's statistics methods that read, reset and merge them are
+//! `../statistics.rs`.
 //!
 //! Invariant (checked by `../invariants.rs`): `reserved` and every current statistic of
 //! a shard equal a recount of its blocks; device-wide, see `totals.rs`.
 
-mod statistics;
 pub(crate) mod totals;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::stats::{DeviceStats, StatType};
 pub(crate) use totals::Kind;
-use totals::{pack, stat_at, unpack, Mode, StatLog, NO_SLOT};
+use totals::{pack, stat_at, unpack, Mode, StatLog, NO_SLOT, SLOTS};
 
 /// What the shard holds, counted as PyTorch's statistics.
 #[derive(Default)]
@@ -362,6 +362,35 @@ impl Accounting {
     pub fn start_logging_quiet(&mut self) {
         self.log.start();
         self.log.start_quiet();
+    }
+
+    /// The shard's values before its first logged change in a window that began quiet
+    /// (`StatLog::base`), where a merge's replay starts from.
+    pub fn log_base(&self) -> [i64; SLOTS] {
+        self.log.base(&self.stats)
+    }
+
+    /// A merge cuts this shard's log: swapped out for `spare` and returned (to be
+    /// replayed), or with no spare cleared in place; then a new window opens, quiet
+    /// within the allowance `room`, or loud.
+    pub fn cut_log(
+        &mut self,
+        spare: Option<Vec<u64>>,
+        room: Option<[i64; SLOTS]>,
+    ) -> Option<Vec<u64>> {
+        let logged = match spare {
+            Some(spare) => Some(self.log.swap(spare)),
+            None => {
+                self.log.clear();
+                None
+            }
+        };
+        self.log.open_window(&mut self.stats);
+        match room {
+            Some(room) => self.log.go_quiet(room, &self.stats),
+            None => self.log.go_loud(),
+        }
+        logged
     }
 
     /// Sets every peak to its current value (PyTorch's `resetPeakStats`).

@@ -7,7 +7,8 @@
 //! | file | concern |
 //! |---|---|
 //! | `request.rs` | the values the miss path passes between rungs (a leaf) |
-//! | `ladder.rs` | the miss path: the ladder of rungs, own cache → lending → grow → release |
+//! | `rungs.rs` | the ladder's rungs and their order, built from the policy (a leaf) |
+//! | `ladder.rs` | the miss path: the climb over the rungs, own cache → lending → grow → release |
 //! | `grow.rs` | new segments (or pages) and their sizes |
 //! | `free_lists.rs` | best fit, split, hot cache, merge; block statistics |
 //! | `lazy_merge.rs` | a free's merge deferred to the next operation, invisibly |
@@ -49,15 +50,16 @@ mod pressure;
 mod reclaim;
 mod release;
 mod request;
+mod rungs;
 mod small_spill;
 mod waits;
 
 pub use capture::PrivatePool;
-use ladder::Ladder;
 use lazy_merge::LazyMerge;
 use lending_state::Lending;
 use reclaim::Reclaim;
 pub(crate) use request::{Outcome, Released};
+use rungs::Ladder;
 use waits::Waits;
 
 use rustc_hash::FxHashSet;
@@ -117,7 +119,7 @@ pub(super) struct ShardState {
     pub lending: Lending,
     /// The clocks and back-off of giving memory back (`reclaim.rs`, `release.rs`).
     reclaim: Reclaim,
-    /// The miss path's rungs, in order (`ladder.rs`), built from the settings.
+    /// The miss path's rungs, in order (`rungs.rs`), built from the policy.
     ladder: Ladder,
     /// The merge a free deferred to the next operation, if any (`lazy_merge.rs`).
     lazy: Option<LazyMerge>,
