@@ -1,6 +1,6 @@
 //! Errors of the caching allocator.
 
-use crate::device::{DeviceError, DevicePtr, MempoolId, StreamHandle};
+use crate::handle::{DeviceError, DevicePtr, MempoolId, StreamHandle};
 
 /// Everything the allocator can report.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

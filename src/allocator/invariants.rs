@@ -281,12 +281,10 @@ pub(super) fn check(st: &ShardState) -> Result<(), String> {
 
     // Event counts equal queued events plus parked frees.
     let mut tokens: HashMap<BlockId, u32> = HashMap::new();
-    let mut queued_events = Vec::new();
-    for (_, ev, id) in st.waits.pending.iter() {
+    for (_, _, id) in st.waits.pending().iter() {
         *tokens.entry(id).or_default() += 1;
-        queued_events.push(ev);
     }
-    for &id in st.waits.parked.iter().chain(st.capture.deferred()) {
+    for &id in st.waits.parked().iter().chain(st.capture.deferred()) {
         *tokens.entry(id).or_default() += 1;
     }
     for (id, b) in st.blocks.iter() {
@@ -299,20 +297,11 @@ pub(super) fn check(st: &ShardState) -> Result<(), String> {
         }
         check_lending(st, id, b)?;
     }
-    if let Some(ev) = st
-        .waits
-        .events
-        .idle_events()
-        .iter()
-        .find(|e| queued_events.contains(e))
-    {
-        return Err(format!("event {ev:?} is both idle and queued"));
-    }
+    st.waits.check()?;
 
     if let Some((id, _)) = st
         .lending
-        .dirty
-        .iter()
+        .marked()
         .find(|&(id, _)| !st.blocks.get(id).is_some_and(|b| b.dirty))
     {
         return Err(format!(
@@ -320,13 +309,13 @@ pub(super) fn check(st: &ShardState) -> Result<(), String> {
         ));
     }
     check_vm(st)?;
-    if reserved != st.acct.reserved {
+    if reserved != st.acct.reserved() {
         return Err(format!(
             "reserved {} but segments sum to {reserved}",
-            st.acct.reserved
+            st.acct.reserved()
         ));
     }
-    let s = &st.acct.stats;
+    let s = st.acct.stats();
     compare("allocation", &s.allocation, &rc.allocation)?;
     compare("allocated_bytes", &s.allocated_bytes, &rc.allocated_bytes)?;
     compare("active", &s.active, &rc.active)?;
@@ -352,7 +341,7 @@ fn check_lending(st: &ShardState, id: BlockId, b: &Block) -> Result<(), String> 
             "block {id}: lent but not to another stream's caller"
         ));
     }
-    let marks = st.lending.dirty.get(id);
+    let marks = st.lending.marks(id);
     if b.dirty == marks.is_empty() || (b.dirty && b.is_allocated()) {
         return Err(format!(
             "block {id}: dirty flag {} with {} marks",
@@ -361,7 +350,7 @@ fn check_lending(st: &ShardState, id: BlockId, b: &Block) -> Result<(), String> 
         ));
     }
     for &(s, epoch) in marks {
-        if s == b.stream || (epoch != UNFENCED && epoch > st.lending.fences.epoch()) {
+        if s == b.stream || (epoch != UNFENCED && epoch > st.lending.fence_epoch()) {
             return Err(format!("block {id}: bad dirty mark ({s:?}, {epoch})"));
         }
     }

@@ -26,7 +26,7 @@ use rustc_hash::FxHashSet;
 
 use super::graph_pools::{check_id, NO_POOL};
 use super::history::{TraceAction, TraceEvent};
-use super::shard::{CheckpointSegment, NoPeers, ShardState};
+use super::shard::{CheckpointSegment, NoPeers, Outcome, Released, ShardState};
 use super::{CachingAllocator, OtherShards, Shard};
 use crate::device::{DeviceIndex, DevicePtr, MempoolId, StreamHandle};
 use crate::error::Error;
@@ -190,11 +190,15 @@ impl CachingAllocator {
             own: stream,
             shared: &self.shared,
         };
-        let found = self.with_shard(shard, |st| st.malloc_in(id, size, false, &peers));
+        let found = self.with_shard(shard, |st| {
+            st.malloc_in(id, size, Released::Nothing, &peers)
+        });
         let ptr = match found {
-            Ok(Some(ptr)) => ptr,
-            Ok(None) => self.malloc_in_pool_last_resort(size, shard, id)?,
-            Err(e) => return Err(self.malloc_failed(e, size)),
+            Ok(Outcome::Served(ptr)) => ptr,
+            Ok(Outcome::OutOfMemory(e)) | Err(e) => return Err(self.malloc_failed(e, size)),
+            Ok(Outcome::NeedsCleanRelease | Outcome::NeedsAllReleased) => {
+                self.malloc_in_pool_last_resort(size, shard, id)?
+            }
         };
         self.shared.history.emit(|| TraceEvent {
             action: TraceAction::Alloc,
@@ -220,9 +224,16 @@ impl CachingAllocator {
             let _ = st.release_cached_blocks();
             Ok::<(), Error>(())
         });
-        self.with_shard(shard, |st| st.malloc_in(id, size, true, &NoPeers))
-            .map_err(|e| self.malloc_failed(e, size))
-            .map(|p| p.expect("the last attempt either allocates or reports out of memory"))
+        let found = self.with_shard(shard, |st| {
+            st.malloc_in(id, size, Released::Others, &NoPeers)
+        });
+        match found {
+            Ok(Outcome::Served(ptr)) => Ok(ptr),
+            Ok(Outcome::OutOfMemory(e)) | Err(e) => Err(self.malloc_failed(e, size)),
+            Ok(Outcome::NeedsCleanRelease | Outcome::NeedsAllReleased) => Err(Error::InvalidState(
+                "the ladder stopped at a release rung twice".into(),
+            )),
+        }
     }
 
     /// A graph capture begins on the device (torch_npu's `markCaptureBegin`): until it

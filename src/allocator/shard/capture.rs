@@ -31,6 +31,7 @@
 //!   pages mapped or unmapped) goes through `note_device_memory`, so the device-wide
 //!   `Shared::private_reserved` equals the bytes of the pool's blocks over all shards.
 
+use super::request::{Outcome, Released};
 use super::{Peers, ShardState};
 use crate::allocator::history::{TraceAction, TraceEvent};
 use crate::device::{DevicePtr, MempoolId};
@@ -189,11 +190,11 @@ impl ShardState {
         &mut self,
         id: MempoolId,
         size: usize,
-        others_released: bool,
+        released: Released,
         peers: &dyn Peers,
-    ) -> Result<Option<DevicePtr>, Error> {
+    ) -> Result<Outcome, Error> {
         self.capture.current = Some(self.tag_for(id));
-        let found = self.malloc(size, others_released, peers);
+        let found = self.malloc(size, released, peers);
         self.capture.current = self.capture.routed;
         found
     }
@@ -299,8 +300,8 @@ impl ShardState {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::{check, free, id_of, shard};
-    use super::super::NoPeers;
+    use super::super::testing::{check, free, id_of, malloc_in_ok, malloc_ok, shard};
+
     use crate::device::MempoolId;
     use crate::error::Error;
     use crate::pool::PrivateTag;
@@ -310,7 +311,7 @@ mod tests {
         let (_sim, mut st) = shard("");
         st.begin_allocate_to_pool(MempoolId(7, 9)).unwrap();
         assert!(st.is_capturing_to(MempoolId(7, 9)));
-        let p = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
+        let p = malloc_ok(&mut st, 1000);
         assert_eq!(st.blocks[id_of(&st, p)].pool, Some(PrivateTag::new(0)));
         st.end_allocate_to_pool();
         free(&mut st, p);
@@ -325,7 +326,7 @@ mod tests {
         assert_eq!(st.shared.pools.release(MempoolId(7, 9)).unwrap(), 0);
         assert!(st.shared.pools.release(MempoolId(1, 1)).is_err(), "unknown");
         st.release_cached_blocks().unwrap();
-        assert_eq!((st.private_pool_bytes(), st.acct.reserved), (0, 0));
+        assert_eq!((st.private_pool_bytes(), st.acct.reserved()), (0, 0));
         check(&st);
     }
 
@@ -338,14 +339,14 @@ mod tests {
                 .map(|p| (p.id, p.reserved_bytes[0].current))
                 .collect::<Vec<_>>()
         };
-        let own = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
+        let own = malloc_ok(&mut st, 1000);
         assert_eq!(
             reserved(&st),
             vec![],
             "the stream's own pool is not counted"
         );
         st.begin_allocate_to_pool(MempoolId(7, 9)).unwrap();
-        let p = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
+        let p = malloc_ok(&mut st, 1000);
         st.end_allocate_to_pool();
         assert_eq!(reserved(&st), vec![(MempoolId(7, 9), 2 << 20)]);
         free(&mut st, p);
@@ -386,10 +387,10 @@ mod tests {
         let (_sim, mut st) = shard("");
         let pool = MempoolId(5, 0);
         st.shared.pools.incref(pool).unwrap();
-        let p = st.malloc_in(pool, 1000, false, &NoPeers).unwrap().unwrap();
+        let p = malloc_in_ok(&mut st, pool, 1000);
         assert_eq!(st.pool_id(st.blocks[id_of(&st, p)].pool), Some(pool));
         assert_eq!(st.route(), None, "back to the stream's own pool");
-        let q = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
+        let q = malloc_ok(&mut st, 1000);
         assert_eq!(st.blocks[id_of(&st, q)].pool, None);
         assert!(!st.capture_underway(), "a request is not a capture");
         check(&st);
@@ -400,8 +401,8 @@ mod tests {
         let (sim, mut st) = shard("");
         let (before, during) = (sim.create_stream(0).unwrap(), sim.create_stream(0).unwrap());
         let pool = MempoolId(5, 0);
-        let p = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
-        let q = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
+        let p = malloc_ok(&mut st, 1000);
+        let q = malloc_ok(&mut st, 1000);
         st.record_stream(id_of(&st, p), p, before).unwrap();
         st.begin_allocate_to_pool(pool).unwrap();
         st.record_stream(id_of(&st, p), p, during).unwrap();

@@ -19,8 +19,8 @@
 //!   never has two free neighbours, so the free lists' no-free-neighbours rule holds).
 
 use super::ShardState;
+use crate::allocator::accounting::Kind;
 use crate::allocator::history::{TraceAction, TraceEvent};
-use crate::allocator::totals::Kind;
 use crate::device::{DevicePtr, MempoolId, StreamHandle};
 use crate::error::Error;
 use crate::pool::{BlockId, Phase, PoolKind, PrivateTag};
@@ -152,34 +152,32 @@ impl ShardState {
         self.insert_deferred_events();
         let index = self.index;
         let mut first_err = None;
-        for s in self.waits.pending.streams() {
+        for s in self.waits.pending().streams() {
             let blocks = &self.blocks;
-            let taken = self
-                .waits
-                .pending
-                .take_where(s, |b| blocks[b].pool == Some(tag));
+            let taken = self.waits.take_where(s, |b| blocks[b].pool == Some(tag));
             for (ev, b) in taken {
                 match self.dev.event_synchronize(index, ev) {
                     Ok(()) => self.waits_ended(vec![(ev, b)]),
                     Err(e) => {
-                        self.waits.pending.push(s, ev, b);
+                        self.waits.queue(s, ev, b);
                         first_err.get_or_insert(Error::from(e));
                     }
                 }
             }
         }
-        let parked: Vec<BlockId> = (self.waits.parked.iter().copied())
-            .filter(|&b| self.blocks[b].pool == Some(tag))
-            .collect();
+        let blocks = &self.blocks;
+        let parked = self
+            .waits
+            .take_parked_where(|b| blocks[b].pool == Some(tag));
         if !parked.is_empty() {
             match self.dev.synchronize_device(index) {
                 Ok(()) => {
-                    self.waits.parked.retain(|b| !parked.contains(b));
                     for b in parked {
                         self.event_done(b);
                     }
                 }
                 Err(e) => {
+                    parked.into_iter().for_each(|b| self.waits.park(b));
                     first_err.get_or_insert(Error::from(e));
                 }
             }
@@ -329,8 +327,7 @@ impl ShardState {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::{check, free, shard};
-    use super::super::NoPeers;
+    use super::super::testing::{check, free, malloc_in_ok, shard};
     use super::*;
 
     const POOL: MempoolId = MempoolId(3, 0);
@@ -345,7 +342,7 @@ mod tests {
         st.shared.pools.incref(POOL).unwrap();
         let mut p = [0; 3];
         for x in &mut p {
-            *x = st.malloc_in(POOL, 1000, false, &NoPeers).unwrap().unwrap();
+            *x = malloc_in_ok(&mut st, POOL, 1000);
         }
         (sim, st, p)
     }
@@ -364,8 +361,8 @@ mod tests {
         assert_eq!(shape[..3], [(a, true), (b, false), (c, true)]);
         // Later: c freed, b and two more allocated, a different shape.
         free(&mut st, c);
-        let d = st.malloc_in(POOL, 5000, false, &NoPeers).unwrap().unwrap();
-        let _e = st.malloc_in(POOL, 1000, false, &NoPeers).unwrap().unwrap();
+        let d = malloc_in_ok(&mut st, POOL, 5000);
+        let _e = malloc_in_ok(&mut st, POOL, 1000);
         let refs: Vec<_> = saved.iter().collect();
         st.check_restorable(POOL, &refs).unwrap();
         let mut freed = st.free_pool_allocations(POOL);
@@ -377,8 +374,8 @@ mod tests {
         let back = st.restore_segment(POOL, &saved[0]);
         assert_eq!(back, vec![(a, 1024), (c, 1024)]);
         assert_eq!(st.pool_segments(POOL).unwrap(), saved, "the same blocks");
-        assert_eq!(st.acct.stats.allocation[0].current, 2);
-        assert_eq!(st.acct.stats.allocated_bytes[0].current, 2048);
+        assert_eq!(st.acct.stats().allocation[0].current, 2);
+        assert_eq!(st.acct.stats().allocated_bytes[0].current, 2048);
         check(&st);
         free(&mut st, a);
         free(&mut st, c);
@@ -423,7 +420,7 @@ mod tests {
     fn expandable_segments_are_refused_with_a_clear_error() {
         let (_sim, mut st) = shard("expandable_segments:True");
         st.shared.pools.incref(POOL).unwrap();
-        let _p = st.malloc_in(POOL, 1000, false, &NoPeers).unwrap().unwrap();
+        let _p = malloc_in_ok(&mut st, POOL, 1000);
         let e = st.pool_segments(POOL).unwrap_err();
         assert!(matches!(e, Error::Unsupported(_)), "{e}");
         assert!(e.to_string().contains("expandable"));

@@ -84,7 +84,7 @@ impl ShardState {
             return true;
         }
         b.stream_uses.retain(|s| *s != stream);
-        let ended = self.waits.pending.take_where(stream, |x| x == id);
+        let ended = self.waits.take_where(stream, |x| x == id);
         self.waits_ended(ended);
         true
     }
@@ -92,15 +92,14 @@ impl ShardState {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::{check, free, id_of, shard};
-    use super::super::NoPeers;
+    use super::super::testing::{check, free, id_of, malloc_ok, shard};
 
     #[test]
     fn a_pending_free_stops_waiting_for_the_hccl_stream_once_its_work_is_waited_for() {
         let (sim, mut st) = shard("");
         let hccl = sim.create_stream(0).unwrap();
         let own = st.stream;
-        let p = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
+        let p = malloc_ok(&mut st, 1000);
         st.record_stream(id_of(&st, p), p, hccl).unwrap();
         st.record_hccl_work(p, 0xAA).unwrap();
         sim.launch(0, hccl, |_| {}).unwrap();
@@ -131,7 +130,7 @@ mod tests {
         let (sim, mut st) = shard("");
         let hccl = sim.create_stream(0).unwrap();
         let own = st.stream;
-        let p = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
+        let p = malloc_ok(&mut st, 1000);
         assert!(st.record_hccl_work(p + 512, 1).is_err());
         st.record_stream(id_of(&st, p), p, hccl).unwrap();
         st.record_hccl_work(p, 1).unwrap();
