@@ -5,8 +5,6 @@
 use std::ffi::{c_int, c_void};
 use std::sync::Arc;
 
-use parking_lot::Mutex;
-
 use npualloc_core::allocator::{TraceAction, TraceEvent, Tracer};
 
 use crate::panic::code;
@@ -77,9 +75,6 @@ impl CCallback {
     }
 }
 
-/// The callback set by `npualloc_set_trace_callback`, for allocators made later.
-static CALLBACK: Mutex<Option<Tracer>> = Mutex::new(None);
-
 fn action_code(a: TraceAction) -> c_int {
     match a {
         TraceAction::Alloc => NPUALLOC_TRACE_ALLOC,
@@ -109,11 +104,6 @@ fn tracer(cb: CCallback) -> Tracer {
     })
 }
 
-/// The tracer an allocator made now gets (the callback set, if any).
-pub(crate) fn current() -> Option<Tracer> {
-    CALLBACK.lock().clone()
-}
-
 /// Sets the callback told of every allocator event on every device (for torch's
 /// `_record_memory_history`); NULL removes it. Any time; `ctx` is passed back.
 #[no_mangle]
@@ -123,12 +113,7 @@ pub extern "C" fn npualloc_set_trace_callback(
 ) -> c_int {
     code("npualloc_set_trace_callback", || {
         let t = callback.map(|f| tracer(CCallback { f, ctx }));
-        let rt = runtime()?;
-        let mut slot = CALLBACK.lock();
-        *slot = t.clone();
-        for a in rt.existing() {
-            a.set_tracer(t.clone());
-        }
+        runtime()?.set_tracer(t);
         Ok(())
     })
 }

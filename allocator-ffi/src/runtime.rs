@@ -13,6 +13,7 @@ use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
+use npualloc_core::allocator::Tracer;
 use npualloc_core::device::acl::AclDevice;
 use npualloc_core::device::cuda::CudaDevice;
 use npualloc_core::device::sim::{SimConfig, SimDevice, SimMode};
@@ -52,6 +53,9 @@ pub(crate) struct Runtime {
     memory_fraction: Option<f64>,
     allocators: Box<[OnceLock<CachingAllocator>]>,
     pub tags: TagRegistry,
+    /// The memory-history tracer every allocator gets, made later or existing
+    /// (`npualloc_set_trace_callback`, `history.rs`).
+    tracer: Mutex<Option<Tracer>>,
 }
 
 /// Parses `64G`, `512M`, `1024K` or plain bytes.
@@ -175,6 +179,7 @@ impl Runtime {
             memory_fraction,
             allocators: (0..count).map(|_| OnceLock::new()).collect(),
             tags: TagRegistry::default(),
+            tracer: Mutex::new(None),
         })
     }
 
@@ -230,7 +235,7 @@ impl Runtime {
             .get()
             .expect("set by this thread or another");
         // After it is published: a tracer set meanwhile reaches it either way.
-        if let Some(t) = crate::history::current() {
+        if let Some(t) = self.tracer.lock().clone() {
             a.set_tracer(Some(t));
         }
         Ok(a)
@@ -246,6 +251,17 @@ impl Runtime {
     /// Allocators created so far.
     pub fn existing(&self) -> impl Iterator<Item = &CachingAllocator> {
         self.allocators.iter().filter_map(|a| a.get())
+    }
+
+    /// Sets (or with `None` removes) the tracer of every allocator, existing and made
+    /// later. Held while the existing ones are told: an allocator published meanwhile
+    /// reads the new one after it is published.
+    pub fn set_tracer(&self, tracer: Option<Tracer>) {
+        let mut slot = self.tracer.lock();
+        *slot = tracer.clone();
+        for a in self.existing() {
+            a.set_tracer(tracer.clone());
+        }
     }
 
     /// Replaces the settings; only before any allocator exists.
