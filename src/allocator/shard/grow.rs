@@ -77,9 +77,13 @@ impl ShardState {
     /// `adaptive_segments` large-pool segments of at least 1/8 of the reserved
     /// high-water mark (20 to 64 MiB), so that tensors of different sizes share segments
     /// whose freed space coalesces, instead of each size stranding a segment of its own.
+    /// A graph-private pool's segments take PyTorch's sizes: a captured graph replays
+    /// one fixed layout for its life, so a larger segment shared across sizes only adds
+    /// to what the pool holds (decision 046).
     pub(super) fn segment_size(&self, rounded: usize) -> Option<usize> {
         let pytorch = allocation_size(rounded)?;
-        if !self.shared.policy.adaptive_segments || rounded <= SMALL_SIZE {
+        if !self.shared.policy.adaptive_segments || rounded <= SMALL_SIZE || self.route().is_some()
+        {
             return Some(pytorch);
         }
         let mark = self.size_mark();
@@ -213,7 +217,7 @@ impl ShardState {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::{check, shard_on};
+    use super::super::testing::{check, shard, shard_on};
     use super::super::{NoPeers, Released, ShardState};
     use crate::device::sim::SimDevice;
 
@@ -226,6 +230,21 @@ mod tests {
             .served()
             .is_some());
         (sim.counters(0).mallocs, st.acct.reserved())
+    }
+
+    #[test]
+    fn a_graph_pool_s_segments_take_pytorchs_sizes() {
+        // 16 MiB asks for a 20 MiB adaptive segment on the stream's own pool; routed to a
+        // graph pool it takes PyTorch's 16 MiB, and back on the own pool 20 MiB again.
+        let (sim, mut st) = shard("");
+        assert_eq!(st.segment_size(16 << 20), Some(20 << 20));
+        let pool = crate::device::MempoolId(7, 0);
+        st.begin_allocate_to_pool(pool).unwrap();
+        assert_eq!(st.segment_size(16 << 20), Some(16 << 20));
+        assert_eq!(grown(&sim, &mut st, 16 << 20), (1, 16 << 20));
+        st.end_allocate_to_pool();
+        assert_eq!(st.segment_size(16 << 20), Some(20 << 20));
+        check(&st);
     }
 
     #[test]
