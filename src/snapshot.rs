@@ -7,6 +7,7 @@
 use serde_json::{json, Value};
 
 use crate::handle::{DeviceIndex, DevicePtr, MempoolId, StreamHandle};
+use crate::policy::Regime;
 use crate::pool::PoolKind;
 
 /// What a block is doing, as snapshots report it.
@@ -63,6 +64,8 @@ pub trait SegmentSource {
     fn device_index(&self) -> DeviceIndex;
     /// Every segment, in address order.
     fn segments(&self) -> Vec<SegmentInfo>;
+    /// The regime the allocator runs in (Note [the memory-short regime]).
+    fn regime(&self) -> Regime;
 }
 
 fn state_name(s: BlockState) -> &'static str {
@@ -127,15 +130,26 @@ pub fn segments_json(device: usize, segs: &[SegmentInfo]) -> Vec<Value> {
 }
 
 /// The snapshot of several devices' allocators as a JSON value:
-/// `{"segments": [...], "device_traces": [[...] per device]}`.
+/// `{"segments": [...], "device_traces": [[...] per device], "regimes": [...]}`, the
+/// last npualloc's: each device's regime, `"plentiful"` or `"memory_short"`.
 pub fn snapshot<S: SegmentSource>(allocators: &[&S]) -> Value {
     let mut segments = Vec::new();
     let mut traces = Vec::new();
+    let mut regimes = Vec::new();
     for a in allocators {
         segments.extend(segments_json(a.device_index(), &a.segments()));
         traces.push(Value::Array(Vec::new()));
+        regimes.push(regime_name(a.regime()));
     }
-    json!({ "segments": segments, "device_traces": traces })
+    json!({ "segments": segments, "device_traces": traces, "regimes": regimes })
+}
+
+/// The snapshot's name of a regime.
+pub fn regime_name(r: Regime) -> &'static str {
+    match r {
+        Regime::Plentiful => "plentiful",
+        Regime::MemoryShort => "memory_short",
+    }
 }
 
 #[cfg(test)]
@@ -159,6 +173,7 @@ mod tests {
         assert_eq!(seg["blocks"][0]["state"], "active_allocated");
         assert_eq!(seg["blocks"][1]["state"], "inactive");
         assert_eq!(v["device_traces"].as_array().unwrap().len(), 1);
+        assert_eq!(v["regimes"], json!(["plentiful"]));
         a.free(p).unwrap();
     }
 }

@@ -767,4 +767,8 @@ impl crate::snapshot::SegmentSource for CachingAllocator {
     fn segments(&self) -> Vec<SegmentInfo> {
         CachingAllocator::segments(self)
     }
+
+    fn regime(&self) -> Regime {
+        CachingAllocator::regime(self)
+    }
 }

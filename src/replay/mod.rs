@@ -117,6 +117,9 @@ pub struct ReplayReport {
     pub reserved_after_drain: u64,
     /// Result of the invariant check at the end (before draining).
     pub invariants: Result<(), String>,
+    /// Whether the replay ended in the memory-short regime (Note [the memory-short
+    /// regime] in `policy.rs`): a growth the device could hold when empty failed.
+    pub memory_short: bool,
 }
 
 impl ReplayReport {
@@ -479,6 +482,7 @@ pub fn replay(
     let stats = alloc.stats();
     let counters = sim.counters(0);
     let invariants = alloc.check_invariants();
+    let memory_short = alloc.regime() == crate::policy::Regime::MemoryShort;
 
     // Drain: free what the trace left live, let every stream finish, empty the cache.
     for (_, l) in live.drain() {
@@ -523,6 +527,7 @@ pub fn replay(
         streams: stream_labels,
         reserved_after_drain: alloc.usage().reserved as u64,
         invariants,
+        memory_short,
     })
 }
 
@@ -561,5 +566,21 @@ mod tests {
         streams.settle().unwrap();
         assert_eq!(sim.pending(0, s).unwrap(), 0);
         assert_eq!(sim.pending(0, streams.handle(8).unwrap()).unwrap(), 1);
+    }
+
+    #[test]
+    fn a_replay_that_ran_short_says_so() {
+        // Two live 30 MiB blocks, then 40 MiB: on a 64 MiB device the growth fails
+        // though an empty device could hold it (memory short); uncapped it does not.
+        let t =
+            crate::trace::parse("a 0 31457280 0\na 1 31457280 0\na 2 41943040 0\n", "t").unwrap();
+        let capped = ReplayOptions {
+            capacity: 64 << 20,
+            ..Default::default()
+        };
+        let r = replay(&t, &capped, |_| {}).unwrap();
+        assert_eq!((r.ooms, r.memory_short), (1, true));
+        let r = replay(&t, &ReplayOptions::default(), |_| {}).unwrap();
+        assert!(!r.memory_short);
     }
 }

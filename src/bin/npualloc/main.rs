@@ -361,6 +361,7 @@ fn report_json(r: &ReplayReport, min: Option<&MinCapacity>) -> Value {
         "events_per_sec": r.events_per_sec(),
         "empty_segment_bytes_at_peak": svg::empty_segment_bytes(&r.peak_segments),
         "reserved_after_drain": r.reserved_after_drain,
+        "memory_short": r.memory_short,
     });
     if let Some(m) = min {
         v["min_capacity"] = min_json(m);
