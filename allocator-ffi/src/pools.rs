@@ -1,6 +1,6 @@
 //! Graph pools, captures, checkpoints and the views torch's memory tools need: the
 //! entry points a complete torch_npu `NPUAllocator` (or torch `CUDAAllocator`) is built
-//! on (DESIGN.md, "Installing into torch_npu and torch: the complete allocator").
+//! on (docs/design.md: "Graph capture" in section 2, section 3).
 //!
 //! How they relate to the older `npualloc_begin_allocate_to_pool` (kept, for programs
 //! written against it): that call is `npualloc_pool_begin` + a stream route +
