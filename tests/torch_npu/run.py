@@ -3,16 +3,21 @@ the stand-in CANN libraries on the library path and the CUDA-key interposer prel
 (see README.md). Called by scripts/test-torch-npu.sh, which sets the environment.
 
 A scenario passes when it exits 0. One listed in EXPECTED_FAILURES must fail (with the
-reason printed); if it passes, the run fails so the list is kept honest.
+reason printed); if it passes, the run fails so the list is kept honest. Scenarios run
+TORCH_NPU_JOBS at a time (default: the number of CPUs, at most 4): each is its own
+process, most of its time is torch's start-up on one core; variants run after every base
+run (a variant may compare with its base run's record).
 Usage: run.py [name-filter]
        run.py --script FILE [ARG...]   (one script of yours, in the current folder, with
        the same environment and npualloc importable from python/; exits with its status)
 """
 
+import concurrent.futures
 import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -74,9 +79,9 @@ def main():
     shared = tempfile.TemporaryDirectory()
     base_env["SCENARIO_SHARED_DIR"] = shared.name
     failed = []
-    runs = [(n, n, {}) for n in names]
-    runs += [(variant_name(n, v), n, v) for n in names for v in VARIANTS.get(n, [])]
-    for name, script, variant in runs:
+    lock = threading.Lock()
+
+    def run(name, script, variant):
         extra = {k: v for k, v in variant.items() if k != "argv"}
         env = dict(base_env, **extra)
         t0 = time.time()
@@ -84,7 +89,10 @@ def main():
             p = subprocess.run([sys.executable, os.path.join(HERE, "scenarios", script + ".py")]
                                + variant.get("argv", []),
                                env=env, cwd=cwd, capture_output=True, text=True, timeout=600)
-        took = time.time() - t0
+        with lock:
+            report(name, p, time.time() - t0)
+
+    def report(name, p, took):
         ok = p.returncode == 0
         if name in EXPECTED_FAILURES:
             if ok:
@@ -93,14 +101,23 @@ def main():
             else:
                 print("XFAIL %s (%.1fs): %s" % (name, took, EXPECTED_FAILURES[name]))
                 print("    last line: %s" % (p.stderr.strip().splitlines() or ["?"])[-1])
-            continue
-        if ok:
+        elif ok:
             print("ok   %s (%.1fs)" % (name, took))
         else:
             failed.append(name)
             print("FAIL %s (%.1fs), exit %d" % (name, took, p.returncode))
             sys.stdout.write(p.stdout[-4000:])
             sys.stdout.write(p.stderr[-6000:])
+        sys.stdout.flush()
+
+    base = [(n, n, {}) for n in names]
+    variants = [(variant_name(n, v), n, v) for n in names for v in VARIANTS.get(n, [])]
+    jobs = int(os.environ.get("TORCH_NPU_JOBS") or min(os.cpu_count() or 1, 4))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
+        for stage in (base, variants):
+            for f in [pool.submit(run, *r) for r in stage]:
+                f.result()
+    runs = base + variants
     if failed:
         sys.exit("torch_npu scenarios failed: %s" % ", ".join(failed))
     print("all %d torch_npu scenario runs passed" % len(runs))

@@ -69,8 +69,10 @@ impl ShardState {
     #[inline(always)]
     fn free_settle<const LOG: bool>(&mut self, id: BlockId) {
         if self.blocks[id].stream_uses.is_empty() {
-            self.forget_hccl_work(id);
             self.free_block_deferring(id, LOG);
+            // Last: the block's slot stays borrowed above without a second lookup (a
+            // merge may retire the id, which no allocation reuses before this line).
+            self.forget_hccl_work(id);
         } else if self.capture_underway() {
             // No event calls during a capture: record them when none is underway.
             self.defer_free(id);
