@@ -14,7 +14,9 @@
 //! torch_npu's 16), and `expandable_best_fit` (PyTorch's best fit with expandable
 //! segments, which npualloc's default leaves out: on in both presets),
 //! `adaptive_pages` (expandable large-pool pages scaled to the workload, off by
-//! default and in both presets), and `exact_stats` (exact device-wide peaks with several streams, on by default).
+//! default and in both presets), `address_ties` (best fit's ties by address, as
+//! PyTorch's: on in both presets; off by default, ties by segment age and offset, the
+//! same on every device), and `exact_stats` (exact device-wide peaks with several streams, on by default).
 //! `Config::parse_torch_npu` reads `PYTORCH_NPU_ALLOC_CONF` as torch_npu 2.14
 //! does: every key torch_npu accepts is accepted (equivalents honoured, the rest listed
 //! as ignored).
@@ -35,7 +37,8 @@ pub const MAX_ROUNDUP_DIVISIONS: usize = 1 << 27;
 /// traces match PyTorch's figures).
 pub const PYTORCH_POLICY: &str =
     "reclaim_before_growth:False,adaptive_segments:False,hot_cache:False,lend_segments:False,\
-     lend_blocks:False,wait_before_growth:False,expandable_best_fit:True,adaptive_pages:False";
+     lend_blocks:False,wait_before_growth:False,expandable_best_fit:True,adaptive_pages:False,\
+     address_ties:True";
 
 /// Bytes torch_npu 2.14 adds to every request before rounding on the SoCs and CANN
 /// versions users run today (`AddPadSize()`: 0 only from Ascend950 with CANN 9.1).
@@ -47,11 +50,11 @@ pub const TORCH_NPU_PADDING: usize = 32;
 /// with `expandable_segments:True` torch_npu's head split (`base_addr_aligned_kb:16`,
 /// its default: a block of 2 MiB or more starts 16 KiB-aligned).
 /// Best fit breaking ties between equal-size blocks by address, torch_npu's third
-/// detail, is what every setting does (`pool::free_list`).
+/// detail, is PyTorch's too (`address_ties:True`).
 pub const TORCH_NPU_POLICY: &str =
     "reclaim_before_growth:False,adaptive_segments:False,hot_cache:False,lend_segments:False,\
      lend_blocks:False,wait_before_growth:False,expandable_best_fit:True,adaptive_pages:False,\
-     request_padding:32,base_addr_aligned_kb:16";
+     address_ties:True,request_padding:32,base_addr_aligned_kb:16";
 
 /// Smallest rounded request that torch_npu's head split aligns (its `kRoundLarge`).
 pub const HEAD_ALIGN_MIN: usize = 2 * MIB;
@@ -125,6 +128,12 @@ pub struct Config {
     /// (torch_npu's `base_addr_aligned_kb`, 16 KiB in torch_npu, at most 16); 0 (the
     /// default): blocks start where the free block does, as PyTorch's.
     pub base_addr_align: usize,
+    /// Best fit breaks ties between free blocks of equal size by address, the lowest
+    /// first: PyTorch's and torch_npu's rule, on in [`PYTORCH_POLICY`] and
+    /// [`TORCH_NPU_POLICY`] (`address_ties:True`), so placement follows the device's
+    /// address order. Off by default: the block of the oldest segment first, then the
+    /// lowest offset in it, the same on every device (Note [Places], `pool/block.rs`).
+    pub address_ties: bool,
     /// A soft ceiling on reserved bytes (`reserve_budget_mb`): growth past it first tries
     /// a device-side wait for a pending free (with `wait_before_growth`), then grows
     /// anyway. `None` (the default): no budget.
@@ -155,6 +164,7 @@ impl Default for Config {
             lend_blocks: true,
             request_padding: 0,
             base_addr_align: 0,
+            address_ties: false,
             expandable_best_fit: false,
             adaptive_pages: false,
             wait_before_growth: true,
@@ -309,6 +319,9 @@ impl Config {
                 }
                 "adaptive_pages" => {
                     cfg.adaptive_pages = parse_bool(key, value)?;
+                }
+                "address_ties" => {
+                    cfg.address_ties = parse_bool(key, value)?;
                 }
                 "base_addr_aligned_kb" => {
                     cfg.base_addr_align = parse_align_kb(key, value)?;
@@ -603,8 +616,10 @@ mod tests {
         let d = Config::default();
         assert!(d.reclaim_before_growth && d.adaptive_segments && d.hot_cache && d.lend_segments);
         assert!(d.lend_blocks);
-        // PyTorch's best fit with expandable segments, which npualloc's default lacks.
+        // PyTorch's best fit with expandable segments, which npualloc's default lacks,
+        // and its ties by address.
         assert!(c.expandable_best_fit && !d.expandable_best_fit);
+        assert!(c.address_ties && !d.address_ties);
         // Everything else PyTorch itself has keeps its default.
         assert_eq!(
             Config {
@@ -615,6 +630,7 @@ mod tests {
                 lend_blocks: true,
                 wait_before_growth: true,
                 expandable_best_fit: false,
+                address_ties: false,
                 ..c
             },
             d

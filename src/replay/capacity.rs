@@ -86,6 +86,7 @@ pub fn min_capacity(trace: &Trace, opts: &ReplayOptions) -> Result<MinCapacity, 
             conf: opts.conf.clone(),
             capacity: usize::try_from(capacity).unwrap_or(usize::MAX),
             detail: false,
+            address_order: opts.address_order,
         };
         replay(trace, &o, |_| {})
     };

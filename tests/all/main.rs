@@ -19,6 +19,8 @@ mod graph_pools;
 mod lending;
 mod mstx;
 mod pickle;
+#[cfg(feature = "cli")]
+mod placement;
 mod policy;
 #[cfg(feature = "cli")]
 mod pressure;

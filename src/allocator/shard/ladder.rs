@@ -519,6 +519,7 @@ impl ShardState {
         self.acct.stats.num_device_alloc += 1;
         let mut seg = Block::segment(ptr, seg_size, stream, kind);
         seg.pool = self.route();
+        seg.shift = self.shared.place_shift(ptr, seg_size);
         self.note_pool_reserved(seg.pool, kind, seg_size, true);
         Ok(Some(self.blocks.insert(seg)))
     }

@@ -10,6 +10,7 @@ use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::{json, Value};
 
+use npualloc::device::sim::AddressOrder;
 use npualloc::replay::blame::{self, Blame};
 use npualloc::replay::{self, svg, MinCapacity, ReplayOptions, ReplayReport};
 use npualloc::snapshot::segments_json;
@@ -46,6 +47,10 @@ struct ReplayArgs {
     /// Simulated device capacity (bytes, or with K/M/G/T).
     #[arg(long, default_value = "64G")]
     capacity: String,
+    /// The order in which the simulated device hands out addresses: increasing,
+    /// decreasing, shuffled:SEED or lowest-free.
+    #[arg(long, default_value = "increasing")]
+    address_order: AddressOrder,
     /// Print the results as JSON.
     #[arg(long)]
     json: bool,
@@ -532,6 +537,7 @@ fn replay_cmd(args: ReplayArgs) -> Result<bool, String> {
                 conf: setting.conf.clone(),
                 capacity,
                 detail,
+                address_order: args.address_order,
             };
             let r = run_one(&t.trace, &opts, args.quiet)?;
             report_ooms(&r, &setting.label, capacity, args.oom_segments);
