@@ -9,6 +9,7 @@
 
 pub mod blame;
 pub mod capacity;
+pub mod orders;
 pub mod svg;
 pub mod tune;
 

@@ -172,3 +172,55 @@ fn the_decreasing_order_reproduces_the_h200s_figures_with_address_ties() {
     }
     assert!(moved >= 2, "{moved} figures depend on the order");
 }
+
+fn npualloc(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_npualloc"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap()
+}
+
+/// `--json` gives settings with address ties their figures under each order and the
+/// spread; npualloc's defaults, the same under every order, get none.
+#[test]
+fn replay_json_reports_the_spread_over_address_orders_for_address_ties() {
+    let out = npualloc(&[
+        "replay",
+        "-q",
+        "--json",
+        "--min-capacity",
+        "traces/resnet50_train.trace",
+        "--conf",
+        "",
+        "--conf",
+        "pytorch",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v[0].get("address_orders").is_none());
+    let o = &v[1]["address_orders"];
+    assert_eq!(o["runs"].as_array().unwrap().len(), 4);
+    assert_eq!(o["runs"][1]["order"], "decreasing");
+    assert_eq!(o["runs"][1]["peak_reserved"], 964 * MIB as u64);
+    let (lo, hi) = (
+        o["peak_reserved"][0].as_u64().unwrap(),
+        o["peak_reserved"][1].as_u64().unwrap(),
+    );
+    assert!(lo < hi, "{o}");
+    assert!(
+        o["min_capacity"][0].as_u64().unwrap() <= v[1]["min_capacity"]["bytes"].as_u64().unwrap()
+    );
+    let bad = npualloc(&[
+        "replay",
+        "traces/gpt2_infer.trace",
+        "--address-order",
+        "sideways",
+    ]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("shuffled:SEED"));
+}

@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 
 use npualloc::device::sim::AddressOrder;
 use npualloc::replay::blame::{self, Blame};
+use npualloc::replay::orders::{self, OrderRun};
 use npualloc::replay::{self, svg, MinCapacity, ReplayOptions, ReplayReport};
 use npualloc::snapshot::segments_json;
 use npualloc::stats::format_size;
@@ -338,6 +339,22 @@ fn min_json(m: &MinCapacity) -> Value {
     }
 }
 
+/// A setting's figures under each address order, and their spread ([lowest, highest]).
+fn orders_json(runs: &[OrderRun]) -> Value {
+    let each: Vec<Value> = runs
+        .iter()
+        .map(|r| {
+            json!({"order": r.order.to_string(), "peak_reserved": r.peak_reserved,
+                   "min_capacity": r.min_capacity})
+        })
+        .collect();
+    json!({
+        "runs": each,
+        "peak_reserved": orders::spread(runs, |r| Some(r.peak_reserved)),
+        "min_capacity": orders::spread(runs, |r| r.min_capacity),
+    })
+}
+
 fn report_json(r: &ReplayReport, min: Option<&MinCapacity>) -> Value {
     let mut v = json!({
         "trace": r.name, "conf": r.conf, "events": r.events, "allocations": r.allocations,
@@ -437,6 +454,8 @@ struct TraceRuns {
     reports: Vec<ReplayReport>,
     mins: Vec<MinCapacity>,
     blames: Vec<Blame>,
+    /// Per setting, with `--json` and address ties: its figures under each address order.
+    orders: Vec<Option<Vec<OrderRun>>>,
 }
 
 /// An HTML page: per trace, the settings' table and their pictures side by side.
@@ -531,6 +550,7 @@ fn replay_cmd(args: ReplayArgs) -> Result<bool, String> {
             reports: Vec::new(),
             mins: Vec::new(),
             blames: Vec::new(),
+            orders: Vec::new(),
         };
         for setting in &settings {
             let opts = ReplayOptions {
@@ -569,6 +589,21 @@ fn replay_cmd(args: ReplayArgs) -> Result<bool, String> {
             if args.blame {
                 t.blames.push(blame::blame(&t.trace, &t.stacks, &r));
             }
+            let by_address =
+                args.json && orders::depends_on_addresses(&setting.conf).unwrap_or(false);
+            t.orders.push(if by_address {
+                let o = ReplayOptions {
+                    conf: setting.conf.clone(),
+                    capacity,
+                    detail: false,
+                    address_order: args.address_order,
+                };
+                let runs = orders::across_orders(&t.trace, &o, args.min_capacity)
+                    .map_err(|e| format!("{}: {e}", t.trace.name))?;
+                Some(runs)
+            } else {
+                None
+            });
             t.reports.push(r);
         }
         if !args.json {
@@ -603,6 +638,9 @@ fn replay_cmd(args: ReplayArgs) -> Result<bool, String> {
                         v["label"] = json!(label);
                         if let Some(b) = t.blames.get(i) {
                             v["blame"] = b.json();
+                        }
+                        if let Some(Some(runs)) = t.orders.get(i) {
+                            v["address_orders"] = orders_json(runs);
                         }
                         v
                     })
