@@ -23,6 +23,32 @@
 
 use crate::error::Error;
 
+pub mod suggest;
+
+/// Every key [`Config::parse`] reads, for "did you mean" in its errors.
+pub const KEYS: [&str; 20] = [
+    "max_split_size_mb",
+    "max_non_split_rounding_mb",
+    "garbage_collection_threshold",
+    "roundup_power2_divisions",
+    "expandable_segments",
+    "large_segment_size_mb",
+    "small_segment_size_mb",
+    "page_size",
+    "reclaim_before_growth",
+    "adaptive_segments",
+    "hot_cache",
+    "exact_stats",
+    "lend_segments",
+    "lend_blocks",
+    "request_padding",
+    "wait_before_growth",
+    "expandable_best_fit",
+    "adaptive_pages",
+    "base_addr_aligned_kb",
+    "reserve_budget_mb",
+];
+
 const MIB: usize = 1 << 20;
 /// Number of power-of-two size intervals `roundup_power2_divisions` covers (1 MiB to 64 GiB).
 pub const ROUNDUP_INTERVALS: usize = 16;
@@ -260,7 +286,7 @@ impl Config {
             }
             let (key, value) = item
                 .split_once(':')
-                .ok_or_else(|| Error::InvalidConfig(format!("'{item}' is not key:value")))?;
+                .ok_or_else(|| Error::InvalidConfig(suggest::not_key_value(item, &KEYS)))?;
             match key {
                 "max_split_size_mb" => {
                     cfg.max_split_size = parse_mb(key, value, 20)?;
@@ -344,7 +370,8 @@ impl Config {
                 },
                 _ => {
                     return Err(Error::InvalidConfig(format!(
-                        "unrecognized key '{key}' in allocator config"
+                        "unrecognized key '{key}' in allocator config{}",
+                        suggest::did_you_mean(key, KEYS)
                     )))
                 }
             }
@@ -700,6 +727,22 @@ mod tests {
             let r = c.block_size(size).unwrap();
             assert!(r >= size && r % 512 == 0, "{size} -> {r}");
         }
+    }
+
+    #[test]
+    fn every_listed_key_is_read_and_typos_get_a_suggestion() {
+        for key in KEYS {
+            let e = Config::parse(&format!("{key}:?")).unwrap_err().to_string();
+            assert!(!e.contains("unrecognized key"), "{key}: {e}");
+        }
+        let e = Config::parse("max_split_size_md:128")
+            .unwrap_err()
+            .to_string();
+        assert!(e.ends_with("; did you mean 'max_split_size_mb'?"), "{e}");
+        let e = Config::parse("max_split_size_mb=128")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("did you mean 'max_split_size_mb:128'?"), "{e}");
     }
 
     #[test]

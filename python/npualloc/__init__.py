@@ -11,18 +11,29 @@ The device backend is ACL (a CANN runtime: libascendcl.so on the loader path or 
 ASCEND_HOME_PATH) unless asked otherwise; without an NPU, ask for the simulated device
 with NPUALLOC_BACKEND=sim or ``npualloc.use_backend("sim")`` before the first call.
 
+Without torch, ``npualloc.malloc(size)``, ``free(ptr)`` and ``record_stream(ptr,
+stream)`` drive the allocator directly: experiments on the simulated device, or a trace
+of your own allocation pattern recorded with NPUALLOC_TRACE=run.trace for
+``npualloc replay``.
+
 Verified with the real torch_npu 2.14.0 / torch 2.14.0 wheels on stand-in CANN
 libraries (tests/torch_npu); not on an NPU (none was available).
 """
 
 import ctypes
+import difflib
+import json
 import os
+import pickle
+import re
+import tempfile
 
 from ._lib import STAT_ARRAYS, DeviceStats, PrivatePoolStats, address, library_path, load
 
 __all__ = ["install", "install_cuda", "memory_stats", "memory_summary", "empty_cache",
            "dump_snapshot", "use_backend", "last_error", "library_path", "load",
-           "NpuallocError"]
+           "malloc", "free", "record_stream", "sim_stream",
+           "NpuallocError", "OutOfMemoryError"]
 
 BACKENDS = ("acl", "sim", "cuda")
 
@@ -33,15 +44,30 @@ class NpuallocError(RuntimeError):
     """An npualloc call failed; the message is the library's last error."""
 
 
+class OutOfMemoryError(NpuallocError, MemoryError):
+    """npualloc.malloc() found no room on the device, even after releasing its cache."""
+
+
+# The C function a message of the library starts with ("npualloc_malloc: ..."): a detail
+# of the C ABI, left out of what Python users read.
+_C_FUNCTION = re.compile(r"^npualloc_\w+: ")
+
+
 def last_error(lib=None):
-    """This thread's last error message from the library, or None."""
+    """This thread's last error message from the library (without the name of the C
+    function that failed), or None."""
     msg = (lib or load()).npualloc_last_error()
-    return msg.decode("utf-8", "replace") if msg else None
+    return _C_FUNCTION.sub("", msg.decode("utf-8", "replace")) if msg else None
 
 
 def _check(rc, lib):
     if rc != 0:
-        raise NpuallocError("npualloc error %d: %s" % (rc, last_error(lib)))
+        raise NpuallocError("npualloc: %s" % last_error(lib))
+
+
+def _did_you_mean(word, choices):
+    close = difflib.get_close_matches(str(word), choices, n=1)
+    return "; did you mean %r?" % close[0] if close else ""
 
 
 def use_backend(name):
@@ -50,7 +76,8 @@ def use_backend(name):
     NPUALLOC_BACKEND, which the library reads once, at its first device call: call this
     before anything else of npualloc's touches a device."""
     if name not in BACKENDS:
-        raise ValueError("backend %r is not one of %s" % (name, ", ".join(BACKENDS)))
+        raise ValueError("backend %r is not one of %s%s"
+                         % (name, ", ".join(BACKENDS), _did_you_mean(name, BACKENDS)))
     os.environ["NPUALLOC_BACKEND"] = name
 
 
@@ -276,7 +303,7 @@ def memory_summary(device=0, abbreviated=False, lib=None):
     _start(lib)
     text = lib.npualloc_memory_summary(device, bool(abbreviated))
     if text is None:
-        raise NpuallocError("npualloc_memory_summary(%d): %s" % (device, last_error(lib)))
+        raise NpuallocError("npualloc.memory_summary(device=%d): %s" % (device, last_error(lib)))
     return text.decode("utf-8", "replace")
 
 
@@ -287,6 +314,109 @@ def empty_cache(lib=None):
 
 
 def dump_snapshot(path, lib=None):
-    """Writes a memory snapshot (JSON, PyTorch `_snapshot()` shape) to `path`."""
+    """Writes a memory snapshot of every device, in the shape of PyTorch's
+    `torch.cuda.memory._snapshot()`, to `path`: a pickle when the name ends in .pickle or
+    .pkl (what torch's `_memory_viz` reads), JSON otherwise. It holds the segments and
+    blocks now, not an allocation history: `npualloc replay` needs a trace for that
+    (NPUALLOC_TRACE)."""
     lib = lib or load()
-    _check(lib.npualloc_dump_snapshot(os.fsencode(path)), lib)
+    if not str(path).endswith((".pickle", ".pkl")):
+        _check(lib.npualloc_dump_snapshot(os.fsencode(path)), lib)
+        return
+    fd, tmp = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        _check(lib.npualloc_dump_snapshot(os.fsencode(tmp)), lib)
+        with open(tmp, encoding="utf-8") as f:
+            snapshot = json.load(f)
+    finally:
+        os.unlink(tmp)
+    with open(path, "wb") as f:
+        pickle.dump(snapshot, f)
+
+
+# malloc / free / record_stream without torch. The C functions return nothing on a
+# failure (free, record_stream) or NULL (malloc) and store the message as this thread's
+# last error; the library replaces that message on every failure, so a last-error
+# pointer that changed across a call means the call failed.
+
+_last_error_addresses = {}
+
+
+def _last_error_address(lib):
+    fn = _last_error_addresses.get(id(lib))
+    if fn is None:
+        fn = lib["npualloc_last_error"]  # a function object of its own: its own result type
+        fn.restype = ctypes.c_void_p
+        fn.argtypes = []
+        _last_error_addresses[id(lib)] = fn
+    return fn()
+
+
+def _stream_handle(stream):
+    if stream is None:
+        return None
+    if isinstance(stream, ctypes.c_void_p):
+        return stream.value
+    if isinstance(stream, int) and not isinstance(stream, bool) and stream >= 0:
+        return stream
+    raise TypeError("stream must be None (the default stream), a handle (int) or a "
+                    "ctypes.c_void_p, not %r" % (stream,))
+
+
+def _pointer(ptr):
+    if isinstance(ptr, int) and not isinstance(ptr, bool) and ptr > 0:
+        return ptr
+    raise TypeError("ptr must be an address that npualloc.malloc() returned, not %r" % (ptr,))
+
+
+def _call(lib, fn, *args):
+    before = _last_error_address(lib)
+    fn(*args)
+    if _last_error_address(lib) != before:
+        raise NpuallocError("npualloc: %s" % last_error(lib))
+
+
+def malloc(size, device=0, stream=None, lib=None):
+    """Allocates `size` bytes on `device` for use on `stream` (None: the default stream;
+    else a stream handle, e.g. from `sim_stream()`); returns the address (an int), to
+    pass to `free()`. Out of memory raises npualloc.OutOfMemoryError (also a MemoryError)
+    with the allocator's message; other failures (unknown device or stream) raise
+    NpuallocError. Recorded in the NPUALLOC_TRACE trace, if one is set."""
+    if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+        raise ValueError("size must be a positive number of bytes, not %r" % (size,))
+    lib = lib or load()
+    _start(lib)
+    p = lib.npualloc_malloc(size, device, _stream_handle(stream))
+    if not p:
+        msg = last_error(lib) or "unknown error"
+        cls = OutOfMemoryError if "out of memory" in msg else NpuallocError
+        raise cls("npualloc: %s" % msg)
+    return p
+
+
+def free(ptr, lib=None):
+    """Frees an address `malloc()` returned; if it was recorded on other streams, its
+    memory is reused only after the work queued on them so far. An unknown or already
+    freed address raises NpuallocError and changes nothing."""
+    lib = lib or load()
+    _call(lib, lib.npualloc_free, _pointer(ptr), 0, 0, None)
+
+
+def record_stream(ptr, stream, lib=None):
+    """Marks the live allocation `ptr` as used on `stream` too (torch's
+    `Tensor.record_stream`): after `free()`, its memory waits for that stream's work.
+    An unknown address or stream raises NpuallocError."""
+    lib = lib or load()
+    _call(lib, lib.npualloc_record_stream, _pointer(ptr), _stream_handle(stream))
+
+
+def sim_stream(device=0, lib=None):
+    """A new stream on the simulated device (backend "sim"), as a handle for `malloc()`
+    and `record_stream()`. With a real backend, use its streams' handles (e.g. torch_npu's
+    `torch.npu.Stream().npu_stream`)."""
+    lib = lib or load()
+    _start(lib)
+    s = ctypes.c_void_p()
+    _check(lib.npualloc_sim_create_stream(device, ctypes.byref(s)), lib)
+    return s.value

@@ -129,7 +129,9 @@ class BadInput(unittest.TestCase):
         lib().npualloc_free(p, 100, 0, None)
         stats = npualloc.memory_stats(0)
         lib().npualloc_free(p, 100, 0, None)
-        self.assertIn("npualloc_free: unknown pointer", npualloc.last_error())
+        # The C ABI's message names the function; npualloc.last_error() leaves it out.
+        self.assertIn(b"npualloc_free: unknown pointer", lib().npualloc_last_error())
+        self.assertTrue(npualloc.last_error().startswith("unknown pointer"), npualloc.last_error())
         self.assertEqual(npualloc.memory_stats(0), stats, "a double free changed the stats")
         self.assertTrue(consistent())
 
@@ -342,6 +344,151 @@ class TraceTools(unittest.TestCase):
             with open(dst) as f:
                 lines = [l for l in f.read().splitlines() if not l.startswith("#")]
         self.assertEqual(lines, ["a 0 100 0", "a 1 300 1", "f 0", "a 2 50 0", "f 1"])
+
+
+DIRECT_WORKLOAD = r"""
+import random, sys
+sys.path.insert(0, sys.argv[1])
+import npualloc
+rnd = random.Random(11)
+side = npualloc.sim_stream()
+live, cur, peak = [], 0, 0
+for _ in range(2000):
+    if len(live) < 30 and rnd.random() < 0.55:
+        n = rnd.choice([rnd.randint(1, 4096), rnd.randint(1, 3 << 20), rnd.randint(1, 30 << 20)])
+        p = npualloc.malloc(n, stream=side if rnd.random() < 0.2 else None)
+        if rnd.random() < 0.1:
+            npualloc.record_stream(p, side)
+        live.append((p, n)); cur += n; peak = max(peak, cur)
+    elif live:
+        p, n = live.pop(rnd.randrange(len(live)))
+        npualloc.free(p); cur -= n
+npualloc.empty_cache()                 # flushes the trace
+print(peak)
+"""
+
+
+class WithoutTorch(unittest.TestCase):
+    """npualloc.malloc / free / record_stream: the allocator driven from Python."""
+
+    def test_malloc_record_stream_free(self):
+        base = npualloc.memory_stats(0)["allocated_bytes.all.current"]
+        side = new_stream()
+        p = npualloc.malloc(5000)
+        q = npualloc.malloc(3 << 20, device=0, stream=side)
+        self.assertEqual(p % 512, 0)
+        self.assertEqual(npualloc.memory_stats(0)["allocated_bytes.all.current"],
+                         base + block(5000) + block(3 << 20))
+        npualloc.record_stream(p, side)
+        self.assertEqual(launch(side, 1), 0)
+        npualloc.free(p)
+        # Recorded on a busy stream: its block waits for that stream's work.
+        r = npualloc.malloc(5000)
+        self.assertNotEqual(r, p)
+        self.assertEqual(complete(side), 0)
+        npualloc.free(r)
+        npualloc.free(q)
+        self.assertEqual(npualloc.memory_stats(0)["allocated_bytes.all.current"], base)
+        self.assertTrue(consistent())
+
+    def test_bad_input_is_a_clear_error_without_c_names(self):
+        stats = npualloc.memory_stats(0)
+        for size in (0, -1, 1.5, True, "1"):
+            with self.assertRaises(ValueError):
+                npualloc.malloc(size)
+        with self.assertRaises(npualloc.OutOfMemoryError) as cm:
+            npualloc.malloc(8 << 30)  # the test device holds 4 GiB
+        self.assertIsInstance(cm.exception, MemoryError)
+        self.assertIsInstance(cm.exception, npualloc.NpuallocError)
+        self.assertIn("out of memory. Tried to allocate 8.00 GiB", str(cm.exception))
+        with self.assertRaises(npualloc.NpuallocError) as too_large:
+            npualloc.malloc(SIZE_MAX)
+        self.assertNotIsInstance(too_large.exception, npualloc.OutOfMemoryError)
+        with self.assertRaises(npualloc.NpuallocError) as bad_device:
+            npualloc.malloc(64, device=-1)
+        self.assertIn("invalid device -1", str(bad_device.exception))
+        with self.assertRaises(npualloc.NpuallocError) as unknown:
+            npualloc.free(0xdeadbeef)
+        self.assertIn("unknown pointer 0xdeadbeef", str(unknown.exception))
+        p = npualloc.malloc(100)
+        npualloc.free(p)
+        with self.assertRaises(npualloc.NpuallocError) as double:
+            npualloc.free(p)  # the same message twice is still seen as a failure
+        with self.assertRaises(npualloc.NpuallocError):
+            npualloc.free(p)
+        with self.assertRaises(npualloc.NpuallocError):
+            npualloc.record_stream(p, None)
+        with self.assertRaises(TypeError):
+            npualloc.free(None)
+        with self.assertRaises(TypeError):
+            npualloc.record_stream(0x1000, "s1")
+        errors = [cm.exception, too_large.exception, bad_device.exception, unknown.exception,
+                  double.exception]
+        if not ACL:  # ACL cannot tell a stream handle is bogus; the sim can
+            with self.assertRaises(npualloc.NpuallocError) as stream:
+                npualloc.malloc(64, stream=0x4242)
+            self.assertIn("unknown stream", str(stream.exception))
+            errors.append(stream.exception)
+        for e in errors:
+            self.assertNotRegex(str(e), r"npualloc_\w+", "a C function's name leaked")
+        now = npualloc.memory_stats(0)
+        current = [k for k in stats if k.endswith(".current") and k.startswith(
+            ("allocation.", "allocated_bytes.", "active", "requested_bytes."))]
+        self.assertGreater(len(current), 10)
+        self.assertEqual([now[k] for k in current], [stats[k] for k in current],
+                         "a failed call left something allocated")
+        self.assertTrue(consistent())
+
+    def test_snapshot_pickle_for_a_pickle_name(self):
+        p = npualloc.malloc(5000)
+        with tempfile.TemporaryDirectory() as d:
+            for name in ("snap.json", "snap.pickle"):
+                npualloc.dump_snapshot(os.path.join(d, name))
+            with open(os.path.join(d, "snap.json")) as f:
+                as_json = json.load(f)
+            with open(os.path.join(d, "snap.pickle"), "rb") as f:
+                raw = f.read()
+        npualloc.free(p)
+        self.assertEqual(raw[:1], b"\x80", "not a pickle")
+        import pickle
+        self.assertEqual(pickle.loads(raw), as_json)
+        self.assertTrue(any(b["address"] == p for s in as_json["segments"] for b in s["blocks"]))
+
+    @unittest.skipIf(ACL, "sim_stream: the simulated device's streams")
+    @unittest.skipUnless(NPUALLOC_BIN, "NPUALLOC_BIN (the npualloc command) not set")
+    def test_recorded_python_workload_replays_to_its_peak(self):
+        import subprocess
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "py.trace")
+            env = dict(os.environ, NPUALLOC_TRACE=path, NPUALLOC_SIM_MODE="threaded")
+            here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+            run = subprocess.run([sys.executable, "-c", DIRECT_WORKLOAD, here], env=env,
+                                 capture_output=True, text=True)
+            self.assertEqual(run.returncode, 0, run.stderr)
+            with open(path) as f:
+                text = f.read()
+            self.assertGreater(text.count("\na "), 500)
+            self.assertIn("\nr ", text, "record_stream was not recorded")
+            out = subprocess.run([NPUALLOC_BIN, "replay", path, "--json"], check=True,
+                                 capture_output=True, text=True).stdout
+        self.assertEqual(json.loads(out)[0]["peak_requested"], int(run.stdout))
+
+    def test_did_you_mean_for_settings_and_backends(self):
+        import subprocess
+        here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+        code = ("import sys; sys.path.insert(0, sys.argv[1]); import npualloc\n"
+                "try:\n    npualloc.malloc(64)\n"
+                "except npualloc.NpuallocError as e:\n    print(e)\n")
+        env = dict(os.environ, NPUALLOC_CONF="max_split_size_md:128")
+        out = subprocess.run([sys.executable, "-c", code, here], env=env, check=True,
+                             capture_output=True, text=True).stdout
+        self.assertIn("unrecognized key 'max_split_size_md' in allocator config; "
+                      "did you mean 'max_split_size_mb'?", out)
+        self.assertTrue(out.startswith("npualloc cannot start (backend "), out)
+        self.assertNotIn("npualloc_", out)
+        with self.assertRaises(ValueError) as cm:
+            npualloc.use_backend("simm")
+        self.assertIn("did you mean 'sim'?", str(cm.exception))
 
 
 class Installer(unittest.TestCase):

@@ -11,9 +11,9 @@ of such memory is dropped; what is still live when the region ends stays unfreed
 
 This is for people re-capturing the zoo, not for CI (the traces are committed):
 
-    python3 -m venv /work/venvs/zoo
-    /work/venvs/zoo/bin/pip install torch==2.14.0 transformers torchvision diffusers peft
-    nice -n 10 /work/venvs/zoo/bin/python scripts/zoo/capture.py --out traces/zoo [NAME ...]
+    python3 -m venv zoo-venv
+    zoo-venv/bin/pip install torch==2.14.0 transformers torchvision diffusers peft
+    nice -n 10 zoo-venv/bin/python scripts/zoo/capture.py --out traces/zoo [NAME ...]
 
 With no NAME every workload is captured. For each trace it prints one row of the table in
 ``traces/README.md`` (events, allocations, unfreed, peak live requested bytes, ...).

@@ -12,7 +12,9 @@ allocated before the profiled region is kept (``free_requested`` then
 ``free_completed``, with the frames of the code that freed it), as a snapshot of a run
 recorded mid-way has them; ``segments`` is empty (the CPU allocator has none).
 
-    nice -n 10 /work/venvs/zoo/bin/python scripts/zoo/snapshot_frames.py vit_infer out.pickle
+    nice -n 10 zoo-venv/bin/python scripts/zoo/snapshot_frames.py vit_infer out.pickle
+
+(zoo-venv: the virtual environment of capture.py's docstring.)
 """
 
 import os

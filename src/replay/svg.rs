@@ -29,17 +29,43 @@ const MAP_ROWS: usize = 16;
 const ROW_H: f64 = 20.0;
 const ROW_GAP: f64 = 6.0;
 
-const C_RESERVED: &str = "#d9480f";
-const C_ALLOCATED: &str = "#1c7ed6";
-const C_LENT: &str = "#7048e8";
-const C_REQUESTED: &str = "#2b8a3e";
-const C_PENDING: &str = "#f59f00";
+// Colours: the Okabe–Ito palette (Okabe and Ito, "Color Universal Design", 2008), whose
+// eight colours stay distinct with every common colour-vision deficiency; greys for what
+// is not in use.
+const OKABE_ITO: [&str; 8] = [
+    "#000000", "#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7",
+];
+const C_RESERVED: &str = OKABE_ITO[6]; // vermillion
+const C_ALLOCATED: &str = OKABE_ITO[5]; // blue
+const C_LENT: &str = OKABE_ITO[7]; // reddish purple
+const C_REQUESTED: &str = OKABE_ITO[0]; // black
+const C_PENDING: &str = OKABE_ITO[1]; // orange
 const C_INACTIVE: &str = "#dee2e6";
 const C_EMPTY_SEG: &str = "#adb5bd";
 /// Stream strip colours, by the order of the stream's label among the segments'.
 const C_STREAMS: [&str; 8] = [
-    "#087f5b", "#e8590c", "#862e9c", "#1864ab", "#c92a2a", "#5c940d", "#d6336c", "#495057",
+    OKABE_ITO[3],
+    OKABE_ITO[1],
+    OKABE_ITO[5],
+    OKABE_ITO[7],
+    OKABE_ITO[6],
+    OKABE_ITO[2],
+    OKABE_ITO[4],
+    OKABE_ITO[0],
 ];
+/// Most characters of a 12 px line between the left margin and the right edge (about
+/// 6.6 px each in Helvetica), and of the 18 px title.
+const SMALL_LINE_CHARS: usize = 150;
+const TITLE_LINE_CHARS: usize = 95;
+/// Line heights of the title's and the subtitle's wrapped lines.
+const TITLE_LINE_H: f64 = 22.0;
+const LINE_H: f64 = 16.0;
+
+/// How far a header of `title` and `subtitle` lines pushes the rest down (0 for one of
+/// each).
+fn header_extra(title: usize, subtitle: usize) -> f64 {
+    title.saturating_sub(1) as f64 * TITLE_LINE_H + subtitle.saturating_sub(1) as f64 * LINE_H
+}
 /// Height of the stream strip over each row.
 const STRIP_H: f64 = 4.0;
 
@@ -47,6 +73,32 @@ fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
+}
+
+/// `text` in lines of at most `max` characters, each cut after the last of `breaks` that
+/// fits (mid-word only when a word alone is longer than a line).
+fn wrap(text: &str, max: usize, breaks: &[char]) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut rest: Vec<char> = text.chars().collect();
+    while rest.len() > max {
+        let cut = rest[..max]
+            .iter()
+            .rposition(|c| breaks.contains(c))
+            .map_or(max, |i| i + 1);
+        lines.push(
+            rest[..cut]
+                .iter()
+                .collect::<String>()
+                .trim_end()
+                .to_string(),
+        );
+        rest.drain(..cut);
+        while rest.first() == Some(&' ') {
+            rest.remove(0);
+        }
+    }
+    lines.push(rest.into_iter().collect());
+    lines
 }
 
 /// The 1, 2 or 5 times a power of ten nearest above `raw`.
@@ -501,7 +553,26 @@ pub fn render(r: &ReplayReport) -> String {
 /// [`render`], with `notes[address]` added to the hover text of the block there (its
 /// allocation and frames, from [`super::blame::block_notes`]).
 pub fn render_with(r: &ReplayReport, notes: &HashMap<usize, String>) -> String {
-    let height = MAP_TOP + MAP_ROWS as f64 * (ROW_H + ROW_GAP) + 62.0;
+    let conf = if r.conf.is_empty() {
+        "default settings".to_string()
+    } else {
+        r.conf.clone()
+    };
+    let title = wrap(&r.name, TITLE_LINE_CHARS, &['/', '-', '_', '.']);
+    let subtitle = wrap(
+        &format!(
+            "peak reserved / peak requested = {:.3} with {}; {}, {} events (simulated device)",
+            r.ratio(),
+            conf,
+            device_calls(r),
+            r.events
+        ),
+        SMALL_LINE_CHARS,
+        &[',', ' ', ';'],
+    );
+    // Lines past the first of each push everything below them down.
+    let extra = header_extra(title.len(), subtitle.len());
+    let height = MAP_TOP + MAP_ROWS as f64 * (ROW_H + ROW_GAP) + 62.0 + extra;
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -509,27 +580,28 @@ pub fn render_with(r: &ReplayReport, notes: &HashMap<usize, String>) -> String {
     );
     out.push_str("<style>.small{font-size:12px;fill:#343a40}.h1{font-size:18px;font-weight:bold;fill:#212529}.h2{font-size:15px;font-weight:bold;fill:#212529}</style>\n");
     let _ = writeln!(out, r##"<rect width="100%" height="100%" fill="white"/>"##);
-    let conf = if r.conf.is_empty() {
-        "default settings".to_string()
-    } else {
-        r.conf.clone()
-    };
-    let _ = writeln!(
-        out,
-        r##"<text x="{LEFT}" y="24" class="h1">{}</text>"##,
-        esc(&r.name)
-    );
-    let _ = writeln!(
-        out,
-        r##"<text x="{LEFT}" y="44" class="small">peak reserved / peak requested = {:.3} with {}; {}, {} events (simulated device)</text>"##,
-        r.ratio(),
-        esc(&conf),
-        device_calls(r),
-        r.events
-    );
+    let mut y = 24.0;
+    for line in &title {
+        let _ = writeln!(
+            out,
+            r##"<text x="{LEFT}" y="{y:.1}" class="h1">{}</text>"##,
+            esc(line)
+        );
+        y += TITLE_LINE_H;
+    }
+    y -= TITLE_LINE_H - 20.0;
+    for line in &subtitle {
+        let _ = writeln!(
+            out,
+            r##"<text x="{LEFT}" y="{y:.1}" class="small">{}</text>"##,
+            esc(line)
+        );
+        y += LINE_H;
+    }
+    let _ = writeln!(out, r##"<g transform="translate(0,{extra:.1})">"##);
     chart(&mut out, r);
     segment_map(&mut out, r, notes);
-    out.push_str("</svg>\n");
+    out.push_str("</g>\n</svg>\n");
     out
 }
 
@@ -593,9 +665,11 @@ mod tests {
         notes.insert(ptr, "allocation 0\n  forward (model.py:12)".to_string());
         let svg = render_with(&r, &notes);
         // Allocated is a wide pale band, drawn before the thin requested line.
-        let band = svg.find(r##"stroke="#1c7ed6" stroke-width="6""##).unwrap();
+        let band = svg
+            .find(&format!(r##"stroke="{C_ALLOCATED}" stroke-width="6""##))
+            .unwrap();
         let req = svg
-            .find(r##"stroke="#2b8a3e" stroke-width="1.4""##)
+            .find(&format!(r##"stroke="{C_REQUESTED}" stroke-width="1.4""##))
             .unwrap();
         assert!(band < req);
         // Each stream's segments carry its colour; the legend names both streams.
@@ -610,6 +684,100 @@ mod tests {
             "{title}\nallocation 0\n  forward (model.py:12)</title>"
         )));
         assert!(svg.contains("cached free, stream 0"));
+    }
+
+    /// The text of every `<text>` element, with its class.
+    fn texts(svg: &str) -> Vec<(&str, &str)> {
+        svg.split("<text ")
+            .skip(1)
+            .map(|t| {
+                let class = t
+                    .split("class=\"")
+                    .nth(1)
+                    .and_then(|c| c.split('"').next())
+                    .unwrap_or("");
+                let body = t.split('>').nth(1).unwrap_or("");
+                (class, body.split("</text").next().unwrap_or(""))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn long_settings_and_names_wrap_inside_the_picture() {
+        let text = "a 0 1000 0\na 1 3000000 0\nf 0\n";
+        let t = crate::trace::parse(text, "small.trace").unwrap();
+        let conf = crate::config::PYTORCH_POLICY.to_string() + ",max_split_size_mb:128";
+        let opts = crate::replay::ReplayOptions {
+            detail: true,
+            conf: conf.clone(),
+            ..Default::default()
+        };
+        let mut r = crate::replay::replay(&t, &opts, |_| {}).unwrap();
+        r.name = format!(
+            "/data/{}/traces/run.trace",
+            "very_long_folder_name-".repeat(8)
+        );
+        let svg = render(&r);
+        for (class, body) in &texts(&svg) {
+            let max = if *class == "h1" {
+                TITLE_LINE_CHARS
+            } else {
+                SMALL_LINE_CHARS
+            };
+            assert!(body.chars().count() <= max, "{class}: {body}");
+        }
+        // Nothing is lost: the header's lines put together are the name and the subtitle.
+        let header = texts(&svg[..svg.find("<g transform").unwrap()]);
+        let squeeze = |v: Vec<&str>| v.concat().replace(' ', "");
+        let h1: Vec<&str> = header.iter().filter(|t| t.0 == "h1").map(|t| t.1).collect();
+        assert!(h1.len() > 1, "{h1:?}");
+        assert_eq!(squeeze(h1), r.name);
+        let sub: Vec<&str> = header
+            .iter()
+            .filter(|t| t.0 == "small")
+            .map(|t| t.1)
+            .collect();
+        assert!(sub.len() > 1, "{sub:?}");
+        assert!(squeeze(sub).contains(&conf), "{svg}");
+        // What follows moved down by the extra lines, and the picture grew with it.
+        let plain = render(&small_report(text));
+        let height = |svg: &str| -> f64 {
+            let h = svg.split("height=\"").nth(1).unwrap();
+            h[..h.find('"').unwrap()].parse().unwrap()
+        };
+        let extra = header_extra(
+            header.iter().filter(|t| t.0 == "h1").count(),
+            header.iter().filter(|t| t.0 == "small").count(),
+        );
+        assert!(extra > 0.0);
+        assert_eq!(height(&svg), height(&plain) + extra);
+        assert!(svg.contains(&format!(r##"<g transform="translate(0,{extra:.1})">"##)));
+    }
+
+    #[test]
+    fn wrap_breaks_after_separators_and_keeps_every_character() {
+        assert_eq!(wrap("short", 10, &[',']), ["short"]);
+        assert_eq!(wrap("aaa,bbb,ccc", 8, &[',']), ["aaa,bbb,", "ccc"]);
+        assert_eq!(wrap("abcdefghij", 4, &[',']), ["abcd", "efgh", "ij"]);
+        assert_eq!(wrap("one two three", 8, &[' ']), ["one two", "three"]);
+    }
+
+    #[test]
+    fn colours_are_okabe_ito_or_grey() {
+        let greys = [C_INACTIVE, C_EMPTY_SEG];
+        for c in [C_RESERVED, C_ALLOCATED, C_LENT, C_REQUESTED, C_PENDING]
+            .into_iter()
+            .chain(C_STREAMS)
+        {
+            assert!(OKABE_ITO.contains(&c) || greys.contains(&c), "{c}");
+        }
+        // The chart's three series and the map's three block states each differ.
+        let chart = [C_RESERVED, C_ALLOCATED, C_REQUESTED];
+        let map = [C_ALLOCATED, C_LENT, C_PENDING];
+        for set in [&chart[..], &map[..], &C_STREAMS[..]] {
+            let distinct: std::collections::HashSet<_> = set.iter().collect();
+            assert_eq!(distinct.len(), set.len(), "{set:?}");
+        }
     }
 
     #[test]

@@ -155,7 +155,7 @@ fn field<'a>(it: &mut impl Iterator<Item = &'a str>, what: &str) -> Result<&'a s
 
 fn number(s: &str, what: &str) -> Result<u64, String> {
     s.parse()
-        .map_err(|_| format!("{what} '{s}' is not a non-negative integer"))
+        .map_err(|_| format!("{what} '{}' is not a non-negative integer", super::clip(s)))
 }
 
 /// The `#@` declarations and attachments of a trace that [`parse`] accepted; errors

@@ -80,6 +80,18 @@ pub struct TraceError {
     pub message: String,
 }
 
+/// Most characters of an input token an error or note repeats.
+pub const ECHO: usize = 40;
+
+/// `s` as an error repeats it: whole when short, else its first [`ECHO`] characters and
+/// its length, so a malformed input (a whole JSON file on one line) is not printed back.
+pub fn clip(s: &str) -> String {
+    match s.char_indices().nth(ECHO) {
+        None => s.to_string(),
+        Some((end, _)) => format!("{}... ({} bytes)", &s[..end], s.len()),
+    }
+}
+
 fn line_part(line: usize) -> String {
     if line == 0 {
         String::new()
@@ -175,13 +187,14 @@ fn num<T: TryFrom<u64>>(tok: Option<&str>, what: &str) -> Result<T, String> {
     if let Some(v) = tok.and_then(digits).and_then(|v| T::try_from(v).ok()) {
         return Ok(v);
     }
-    let t = tok.ok_or_else(|| format!("missing {what}"))?;
+    let tok = tok.ok_or_else(|| format!("missing {what}"))?;
+    let t = clip(tok);
     if t.starts_with('-') {
         return Err(format!(
             "{what} '{t}' is negative; expected a non-negative integer"
         ));
     }
-    if t.is_empty() || !t.bytes().all(|b| b.is_ascii_digit()) {
+    if tok.is_empty() || !tok.bytes().all(|b| b.is_ascii_digit()) {
         return Err(format!("{what} '{t}' is not a non-negative integer"));
     }
     // All digits: the only failure left is a value that does not fit.
@@ -192,7 +205,7 @@ fn num<T: TryFrom<u64>>(tok: Option<&str>, what: &str) -> Result<T, String> {
             .unwrap_or(0);
         format!("{what} '{t}' is too large (at most {max})")
     };
-    let v: u64 = t.parse().map_err(|_| too_large())?;
+    let v: u64 = tok.parse().map_err(|_| too_large())?;
     T::try_from(v).map_err(|_| too_large())
 }
 
@@ -222,14 +235,18 @@ fn parse_line(line: &str, live: &mut Liveness) -> Result<Option<Op>, String> {
             live.use_live(id, "record", false)?;
             Op::Record { id, stream }
         }
-        "s" => Op::Sync { stream: num(it.next(), "stream")? },
+        "s" => Op::Sync {
+            stream: num(it.next(), "stream")?,
+        },
         other => {
+            let other = clip(other);
             return Err(format!(
                 "unknown operation '{other}'; expected 'a <id> <bytes> <stream>', 'f <id>', 'r <id> <stream>' or 's <stream>'"
-            ))
+            ));
         }
     };
     if let Some(extra) = it.next() {
+        let extra = clip(extra);
         return Err(format!(
             "unexpected '{extra}' after a complete '{op}' event"
         ));
@@ -535,6 +552,30 @@ mod tests {
                 "{e}"
             );
             assert!(e.message.contains(needle), "{text}: {e}");
+        }
+    }
+
+    #[test]
+    fn errors_repeat_at_most_a_few_dozen_characters_of_a_line() {
+        assert_eq!(clip("short"), "short");
+        let exact = "é".repeat(ECHO);
+        assert_eq!(clip(&exact), exact);
+        let long = format!("{}{}", "x".repeat(ECHO), "é".repeat(1000));
+        assert_eq!(clip(&long), format!("{}... (2040 bytes)", "x".repeat(ECHO)));
+        for text in [
+            format!("{{\"device_traces\":{}}}", "[".repeat(100_000)),
+            format!("a 0 {} 0", "1".repeat(100_000)),
+            format!("a 0 1 0 {}", "z".repeat(100_000)),
+            format!("a {} 1 0", "-".repeat(100_000)),
+        ] {
+            let e = parse(&text, "bad.trace").unwrap_err().to_string();
+            assert!(
+                e.len() < 250,
+                "{} bytes: {}",
+                e.len(),
+                &e[..300.min(e.len())]
+            );
+            assert!(e.contains("(100"), "{e}");
         }
     }
 

@@ -122,7 +122,7 @@ impl ConvertNotes {
 /// Converts snapshot pickle bytes into a trace of `device` (the first device with
 /// events when `None`).
 pub fn from_snapshot(bytes: &[u8], file: &str, device: Option<usize>) -> Result<Trace, TraceError> {
-    convert(bytes, file, device, false).map(|s| s.trace)
+    convert(&unpickle(bytes, file)?, file, device, false).map(|s| s.trace)
 }
 
 /// Like [`from_snapshot`], and also keeps each allocation's frames.
@@ -131,7 +131,7 @@ pub fn read_snapshot(
     file: &str,
     device: Option<usize>,
 ) -> Result<SnapshotTrace, TraceError> {
-    convert(bytes, file, device, true)
+    convert(&unpickle(bytes, file)?, file, device, true)
 }
 
 /// Frames of one event, shared between events that share the list in the pickle.
@@ -164,19 +164,37 @@ fn frames_of(event: Node<'_>, cache: &mut HashMap<NodeId, Arc<[Frame]>>) -> Arc<
     frames
 }
 
-fn convert(
+/// Converts a snapshot in JSON (`torch.cuda.memory._snapshot()`'s value as JSON, which
+/// `npualloc replay --snapshot x.json` and `npualloc.dump_snapshot()` write) into a trace
+/// of `device`, with each allocation's frames: the same fields, read the same way, as a
+/// snapshot pickle.
+pub fn read_json_snapshot(
     bytes: &[u8],
+    file: &str,
+    device: Option<usize>,
+) -> Result<SnapshotTrace, TraceError> {
+    let json: serde_json::Value = serde_json::from_slice(bytes)
+        .map_err(|e| err(file, format!("not readable as JSON: {e}")))?;
+    convert(&Pickle::from_json(&json), file, device, true)
+}
+
+/// Reads a snapshot pickle.
+fn unpickle(bytes: &[u8], file: &str) -> Result<Pickle, TraceError> {
+    unpickle::read(bytes).map_err(|e| err(file, format!("not a readable pickle: {e}")))
+}
+
+fn convert(
+    pickle: &Pickle,
     file: &str,
     device: Option<usize>,
     with_frames: bool,
 ) -> Result<SnapshotTrace, TraceError> {
-    let pickle: Pickle =
-        unpickle::read(bytes).map_err(|e| err(file, format!("not a readable pickle: {e}")))?;
     let top = pickle.root();
     if !matches!(top.value(), unpickle::Value::Dict(_)) {
         return Err(err(
             file,
-            "expected a dict at the top (a PyTorch memory snapshot)",
+            "expected a dict at the top (a memory snapshot in the shape of PyTorch's \
+             torch.cuda.memory._snapshot())",
         ));
     }
     let Some(devices) = top.get("device_traces").and_then(|d| d.items()) else {
@@ -200,7 +218,22 @@ fn convert(
         None => devices
             .iter()
             .position(|t| t.items().is_some_and(|l| l.len() > 0))
-            .ok_or_else(|| err(file, "every device trace is empty"))?,
+            .ok_or_else(|| {
+                let segments = top
+                    .get("segments")
+                    .and_then(|s| s.items())
+                    .map_or(0, |s| s.len());
+                err(
+                    file,
+                    format!(
+                        "every device trace is empty: the snapshot holds the state at one moment \
+                         ({segments} segment(s)) but no allocation history, which a replay needs. \
+                         Record one: torch.npu.memory._record_memory_history() (or torch.cuda's) \
+                         before the run, then _dump_snapshot(); or run with \
+                         NPUALLOC_TRACE=run.trace through npualloc"
+                    ),
+                )
+            })?,
     };
     let Some(entries) = devices[index].items() else {
         return Err(err(file, format!("device_traces[{index}] is not a list")));
@@ -289,7 +322,7 @@ fn convert(
                     }
                 }
             }
-            other => *notes.ignored_actions.entry(other.to_owned()).or_default() += 1,
+            other => *notes.ignored_actions.entry(super::clip(other)).or_default() += 1,
         }
     }
     // Blocks still allocated when the snapshot was dumped that the trace never allocated.

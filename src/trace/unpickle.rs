@@ -117,6 +117,48 @@ impl Pickle {
     pub fn is_empty(&self) -> bool {
         self.nodes.is_empty()
     }
+
+    /// The same tree built from JSON (what `pickle.load` would give for `json.load`'s
+    /// value): null, booleans, integers, floats, strings, lists and dicts with string
+    /// keys. Nothing is shared. `serde_json` refuses input nested deeper than 128, so
+    /// the depth stays within [`MAX_DEPTH`].
+    pub fn from_json(json: &serde_json::Value) -> Pickle {
+        use serde_json::Value as J;
+        // Each JSON value is given its node id on the way down, filled on the way up.
+        let mut nodes = vec![Value::None];
+        let mut todo: Vec<(NodeId, &serde_json::Value)> = vec![(0, json)];
+        while let Some((id, v)) = todo.pop() {
+            let mut child = |nodes: &mut Vec<Value>, v| {
+                nodes.push(Value::None);
+                todo.push((nodes.len() - 1, v));
+                nodes.len() - 1
+            };
+            let value = match v {
+                J::Null => Value::None,
+                J::Bool(b) => Value::Bool(*b),
+                J::Number(n) => match (n.as_u64(), n.as_i64()) {
+                    (Some(u), _) => Value::Int(u.into()),
+                    (None, Some(i)) => Value::Int(i.into()),
+                    _ => Value::Float(n.as_f64().unwrap_or(f64::NAN)),
+                },
+                J::String(s) => Value::Str(s.clone()),
+                J::Array(items) => {
+                    Value::List(items.iter().map(|v| child(&mut nodes, v)).collect())
+                }
+                J::Object(map) => Value::Dict(
+                    map.iter()
+                        .map(|(k, v)| {
+                            nodes.push(Value::Str(k.clone()));
+                            let key = nodes.len() - 1;
+                            (key, child(&mut nodes, v))
+                        })
+                        .collect(),
+                ),
+            };
+            nodes[id] = value;
+        }
+        Pickle { nodes, root: 0 }
+    }
 }
 
 impl<'a> Node<'a> {
@@ -645,6 +687,42 @@ pub fn read(data: &[u8]) -> Result<Pickle, UnpickleError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn json_reads_as_the_pickle_of_the_same_value() {
+        let json: serde_json::Value = serde_json::from_str(
+            r#"{"a": [1, -2, 18446744073709551615, 1.5, null, true, "é"], "b": {"c": []}, "a": [7]}"#,
+        )
+        .unwrap();
+        let p = Pickle::from_json(&json);
+        let root = p.root();
+        // serde_json keeps the last of a repeated key, as Python's json does.
+        let a: Vec<_> = root
+            .get("a")
+            .unwrap()
+            .items()
+            .unwrap()
+            .map(|n| n.value())
+            .collect();
+        assert_eq!(a, [&Value::Int(7)]);
+        let json: serde_json::Value = serde_json::from_str(
+            r#"[1, -2, 18446744073709551615, 1.5, null, true, "é", {"k": [3]}]"#,
+        )
+        .unwrap();
+        let p = Pickle::from_json(&json);
+        let items: Vec<_> = p.root().items().unwrap().collect();
+        assert_eq!(items[0].as_u64(), Some(1));
+        assert_eq!(items[1].value(), &Value::Int(-2));
+        assert_eq!(items[1].as_u64(), None);
+        assert_eq!(items[2].as_u64(), Some(u64::MAX));
+        assert_eq!(items[3].value(), &Value::Float(1.5));
+        assert_eq!(items[4].value(), &Value::None);
+        assert_eq!(items[5].value(), &Value::Bool(true));
+        assert_eq!(items[6].as_str(), Some("é"));
+        let inner: Vec<_> = items[7].get("k").unwrap().items().unwrap().collect();
+        assert_eq!(inner[0].as_u64(), Some(3));
+        assert!(check_shape(&p.nodes, p.root).is_ok());
+    }
 
     #[test]
     fn reads_scalars_and_containers() {

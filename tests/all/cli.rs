@@ -152,3 +152,119 @@ fn a_pickle_snapshot_loads_in_python_as_the_json_one() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn sizes_take_decimals_and_binary_units_and_zero_says_why() {
+    // The same device written four ways: the same OOM.
+    let first_oom = |capacity: &str| {
+        let (code, _, err) = cli(&["replay", &gpt2(), "--capacity", capacity, "-q"]);
+        assert_eq!(code, 3, "{capacity}: {err}");
+        err.lines().next().unwrap().to_string()
+    };
+    let want = first_oom("212M");
+    assert!(
+        want.contains("did not fit in a 212.00 MiB device"),
+        "{want}"
+    );
+    for capacity in ["212MiB", "212 MB", "0.20703125G", "222298112"] {
+        assert_eq!(first_oom(capacity), want, "{capacity}");
+    }
+    for capacity in ["1.5G", "64GiB", "1T"] {
+        let (code, _, err) = cli(&["replay", &gpt2(), "--capacity", capacity, "-q"]);
+        assert_eq!(code, 0, "{capacity}: {err}");
+    }
+    for (capacity, why) in [
+        ("0", "a device of 0 bytes cannot hold any allocation"),
+        ("0G", "a device of 0 bytes"),
+        ("64X", "unknown unit 'X'"),
+        ("1.5", "must be whole"),
+        ("-1G", "cannot be negative"),
+    ] {
+        for cmd in ["replay", "tune"] {
+            let arg = format!("--capacity={capacity}");
+            let (code, out, err) = cli(&[cmd, &gpt2(), &arg]);
+            assert_eq!(code, 2, "{cmd} {capacity}");
+            assert!(
+                err.starts_with(&format!("error: --capacity '{capacity}': ")) && err.contains(why),
+                "{cmd} {capacity}: {err}"
+            );
+            assert!(out.is_empty(), "{out}");
+        }
+    }
+}
+
+#[test]
+fn mistyped_settings_get_a_did_you_mean() {
+    for (conf, want) in [
+        (
+            "max_split_size_mb=128",
+            "NAME=SETTINGS names a column: 'max_split_size_mb' became a column name and '128' \
+             its settings); did you mean --conf max_split_size_mb:128?",
+        ),
+        (
+            "max_split_size_md:128",
+            "unrecognized key 'max_split_size_md' in allocator config; did you mean 'max_split_size_mb'?",
+        ),
+        ("pytorh", "did you mean the preset 'pytorch'?"),
+        ("torch-npu,hot_cache:False", "did you mean the preset 'torch_npu'?"),
+    ] {
+        let (code, out, err) = cli(&["replay", &gpt2(), "--conf", conf, "-q"]);
+        assert_eq!(code, 2, "{conf}");
+        assert!(
+            err.starts_with(&format!("error: --conf '{conf}': ")) && err.trim_end().ends_with(want),
+            "{conf}: {err}"
+        );
+        assert!(out.is_empty());
+    }
+}
+
+#[test]
+fn oom_advice_names_conf_and_a_small_block_holding_a_segment() {
+    // On 212 MiB the 196 MiB logits fail while a 20 MiB segment is kept by a 3 MiB block.
+    for listed in [false, true] {
+        let mut args = vec![
+            "replay".to_string(),
+            gpt2(),
+            "--capacity".into(),
+            "212M".into(),
+            "-q".into(),
+        ];
+        if listed {
+            args.push("--oom-segments".into());
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (code, _, err) = cli(&args);
+        assert_eq!(code, 3, "{err}");
+        assert!(!err.contains("NPUALLOC_CONF"), "{err}");
+        let cause = err
+            .lines()
+            .find(|l| l.starts_with("  cause: "))
+            .expect(&err);
+        assert!(
+            cause.contains("small live blocks keep 2 segment(s), 22.00 MiB in all (the largest: 20.00 MiB for 3.00 MiB live)")
+                && cause.contains("would have left 212.00 MiB free for the 196.32 MiB request, where the device had 190.00 MiB"),
+            "{cause}"
+        );
+        assert_eq!(cause.contains("--oom-segments lists"), !listed, "{cause}");
+        let to_try = err
+            .lines()
+            .find(|l| l.starts_with("  to try: "))
+            .expect(&err);
+        assert!(to_try.contains("--conf max_split_size_mb:N"), "{to_try}");
+        assert!(
+            to_try.contains(&format!("`npualloc tune {} --capacity 212M`", gpt2())),
+            "{to_try}"
+        );
+    }
+    // On 80 MiB the segments are well used: no cause named, the settings to try still.
+    let (code, _, err) = cli(&["replay", &gpt2(), "--capacity", "80M", "-q"]);
+    assert_eq!(code, 3);
+    assert!(
+        !err.contains("cause:") && !err.contains("NPUALLOC_CONF"),
+        "{err}"
+    );
+    assert!(
+        err.contains("  to try: --conf max_split_size_mb:N"),
+        "{err}"
+    );
+}

@@ -6,6 +6,10 @@ mod basic;
 mod blame;
 mod capacity;
 mod cli;
+#[cfg(feature = "cli")]
+mod cli_pipe;
+#[cfg(feature = "cli")]
+mod cli_snapshots;
 mod common;
 mod cross_stream;
 mod exact_stats;

@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 
-use npualloc::replay::tune::{self, Outcome, GRID, ROUNDS};
+use npualloc::replay::tune::{self, gain, Gain, Outcome, GRID, ROUNDS};
 use npualloc::Config;
 
 use crate::replay::{cli, load, traces_dir};
@@ -40,6 +40,19 @@ fn tune_finds_a_smaller_setting_within_the_defaults_calls() {
         .map(|x| x.total().unwrap())
         .collect();
     assert!(kept.windows(2).all(|w| w[1] <= w[0]), "{kept:?}");
+    // ... by the minimum gain at least.
+    let kept: Vec<_> = r
+        .tried
+        .iter()
+        .filter(|x| matches!(x.outcome, Outcome::Baseline | Outcome::Kept))
+        .collect();
+    for w in kept.windows(2) {
+        let before = Some((w[0].total().unwrap(), w[0].cost()));
+        assert_eq!(
+            gain(w[1].total().unwrap(), w[1].cost(), before),
+            Gain::Clear
+        );
+    }
     // Settings that raise calls are never kept; refused ones say why.
     for x in &r.tried {
         if let Outcome::Refused(e) = &x.outcome {
@@ -108,4 +121,62 @@ fn a_trace_the_defaults_do_not_fit_gets_a_setting_that_fits() {
         out.contains("the defaults do not fit within the limit; this fits in"),
         "{out}"
     );
+}
+
+#[test]
+fn noise_is_not_best_on_the_shipped_traces() {
+    // Together, the four shipped traces: the closest setting saves 2 MiB of 6.6 GiB,
+    // under the 1 % minimum gain, so the defaults stay best and it is reported as such.
+    let dir = traces_dir();
+    let names = ["bert_train", "gpt2_infer", "resnet50_train", "t5_train"];
+    let paths: Vec<String> = names
+        .iter()
+        .map(|n| dir.join(format!("{n}.trace")).display().to_string())
+        .collect();
+    let mut args: Vec<&str> = vec!["tune", "-q"];
+    args.extend(paths.iter().map(String::as_str));
+    let (code, out, err) = cli(&args);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains(
+            "a change is kept if, against the best so far, it needs at least 1% less memory in all"
+        ),
+        "{out}"
+    );
+    let best = out.lines().find(|l| l.starts_with("best: ")).expect(&out);
+    assert!(
+        best.starts_with("best: the defaults: no setting tried needs at least 1% less"),
+        "{best}"
+    );
+    let closest = out
+        .lines()
+        .find(|l| l.starts_with("closest: "))
+        .expect(&out);
+    assert!(closest.ends_with(" (below the minimum gain)"), "{closest}");
+    assert!(
+        out.lines()
+            .any(|l| l.ends_with("better by less than the minimum gain")),
+        "{out}"
+    );
+    // Its figures: what it saves in all, under 1 %.
+    let in_all = out
+        .lines()
+        .find(|l| l.starts_with("  in all: saves "))
+        .expect(&out);
+    let share: f64 = in_all
+        .split('(')
+        .nth(1)
+        .and_then(|s| s.split('%').next())
+        .and_then(|s| s.parse().ok())
+        .expect(in_all);
+    assert!(share > 0.0 && share < 1.0, "{in_all}");
+    for name in names {
+        assert!(
+            out.contains(&format!(
+                "  {}: min capacity ",
+                dir.join(format!("{name}.trace")).display()
+            )),
+            "{out}"
+        );
+    }
 }

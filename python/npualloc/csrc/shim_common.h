@@ -21,6 +21,9 @@ inline void* malloc_or_throw(size_t size, int device, npualloc_stream stream) {
   if (p == nullptr && size != 0) {
     const char* err = npualloc_last_error();
     std::string msg = err ? err : "unknown error";
+    // The C function's name the library puts first is no news to a Python user.
+    const std::string function = "npualloc_malloc: ";
+    if (msg.compare(0, function.size(), function) == 0) msg.erase(0, function.size());
     TORCH_CHECK_WITH(OutOfMemoryError, msg.find("out of memory") == std::string::npos,
                      "npualloc: ", msg);
     // One string argument: formatting a size_t through c10::str crashed in a shim built

@@ -19,8 +19,13 @@ use npualloc::stats::format_size;
 use npualloc::trace::frames::Stacks;
 use npualloc::trace::{self, Trace};
 
+mod oom;
+mod out;
 mod settings;
+mod size;
 mod tune;
+
+use out::{note, Stop};
 
 #[derive(Parser)]
 #[command(
@@ -36,7 +41,7 @@ struct Cli {
 /// Arguments of `npualloc replay`.
 #[derive(Args)]
 struct ReplayArgs {
-    /// Trace files.
+    /// Trace files (.trace, snapshot .pickle or .json).
     #[arg(required = true)]
     traces: Vec<PathBuf>,
     /// Allocator settings (PyTorch syntax), `NAME=SETTINGS` to name the column; repeat to
@@ -45,7 +50,8 @@ struct ReplayArgs {
     /// plus 32-byte request padding).
     #[arg(long = "conf")]
     confs: Vec<String>,
-    /// Simulated device capacity (bytes, or with K/M/G/T).
+    /// Simulated device capacity: bytes, or a number with K, M, G or T (also KiB, MiB,
+    /// GiB, TiB; powers of 1024), e.g. 64G, 1.5GiB, 512MiB.
     #[arg(long, default_value = "64G")]
     capacity: String,
     /// The order in which the simulated device hands out addresses: increasing,
@@ -61,10 +67,12 @@ struct ReplayArgs {
     /// Write an HTML page with the table and the picture.
     #[arg(long)]
     html: Option<PathBuf>,
-    /// Write the allocator's state at peak reserved, in PyTorch's _snapshot() shape (JSON).
+    /// Write the allocator's state at peak reserved and the replay's events, in PyTorch's
+    /// _snapshot() shape: a pickle for a .pickle or .pkl name (what torch's _memory_viz
+    /// and memory_viz page read), JSON for any other; replay and convert read both.
     #[arg(long)]
     snapshot: Option<PathBuf>,
-    /// Device trace to read from a snapshot pickle (default: the first with events).
+    /// Device trace to read from a snapshot (default: the first with events).
     #[arg(long)]
     device: Option<usize>,
     /// No progress bar.
@@ -90,7 +98,8 @@ struct ReplayArgs {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Replay traces (.trace, or PyTorch snapshot .pickle) and report fragmentation and speed.
+    /// Replay traces (.trace, a PyTorch snapshot .pickle, or a snapshot as JSON) and report
+    /// fragmentation and speed.
     Replay(ReplayArgs),
     /// Derive a multi-stream case (comm, branch, rr4) from a single-stream trace.
     Derive {
@@ -100,20 +109,21 @@ enum Command {
         /// comm16, comm64, comm256), branch (a side branch), rr4 (4 streams).
         #[arg(long)]
         case: String,
-        /// Output trace file.
+        /// Output trace file (`-`: stdout).
         #[arg(short, long)]
         output: PathBuf,
     },
     /// Search allocator settings for the smallest device each trace runs on, without more
     /// device calls or host syncs than the defaults; prints what it tried and the best.
     Tune {
-        /// Trace files (.trace, or snapshot .pickle).
+        /// Trace files (.trace, snapshot .pickle or .json).
         #[arg(required = true)]
         traces: Vec<PathBuf>,
-        /// Largest simulated device tried (bytes, or with K/M/G/T).
+        /// Largest simulated device tried: bytes, or a number with K, M, G or T (also KiB,
+        /// MiB, GiB, TiB; powers of 1024), e.g. 64G, 1.5GiB.
         #[arg(long, default_value = "64G")]
         capacity: String,
-        /// Device trace to read from a snapshot pickle.
+        /// Device trace to read from a snapshot.
         #[arg(long)]
         device: Option<usize>,
         /// Print the results as JSON.
@@ -123,11 +133,12 @@ enum Command {
         #[arg(long, short)]
         quiet: bool,
     },
-    /// Convert a PyTorch / torch_npu memory snapshot pickle into a text trace.
+    /// Convert a PyTorch / torch_npu memory snapshot (pickle, or JSON) into a text trace.
     Convert {
-        /// The snapshot (`torch.npu.memory._dump_snapshot()` output).
+        /// The snapshot: `torch.npu.memory._dump_snapshot()`'s pickle, or a snapshot as JSON
+        /// (`npualloc replay --snapshot s.json`).
         snapshot: PathBuf,
-        /// Output trace file.
+        /// Output trace file (`-`: stdout).
         #[arg(short, long)]
         output: PathBuf,
         /// Device trace to convert (default: the first with events).
@@ -136,20 +147,17 @@ enum Command {
     },
 }
 
+/// `--capacity`: a size ([`size::parse_size`]) that leaves room for an allocation.
 fn parse_capacity(s: &str) -> Result<usize, String> {
-    let t = s.trim();
-    let (num, mult) = match t.chars().last() {
-        Some('K' | 'k') => (&t[..t.len() - 1], 1usize << 10),
-        Some('M' | 'm') => (&t[..t.len() - 1], 1 << 20),
-        Some('G' | 'g') => (&t[..t.len() - 1], 1 << 30),
-        Some('T' | 't') => (&t[..t.len() - 1], 1 << 40),
-        _ => (t, 1),
-    };
-    num.parse::<usize>()
-        .ok()
-        .and_then(|n| n.checked_mul(mult))
-        .filter(|&n| n > 0)
-        .ok_or_else(|| format!("--capacity '{s}' is not a size such as 64G or 1073741824"))
+    let n = size::parse_size(s).map_err(|e| format!("--capacity '{s}': {e}"))?;
+    if n == 0 {
+        return Err(format!(
+            "--capacity '{s}': a device of 0 bytes cannot hold any allocation; give the \
+             simulated device's size, e.g. 64G (the default) or 80MiB"
+        ));
+    }
+    usize::try_from(n)
+        .map_err(|_| format!("--capacity '{s}': larger than this machine's address space"))
 }
 
 /// A trace as read, with the stacks of its allocations (empty when it has none).
@@ -163,10 +171,17 @@ struct Loaded {
 fn load(path: &Path, device: Option<usize>) -> Result<Loaded, String> {
     let name = path.display().to_string();
     let bytes = std::fs::read(path).map_err(|e| format!("{name}: cannot read: {e}"))?;
-    let loaded = if is_pickle(path) {
-        let s = trace::pickle::read_snapshot(&bytes, &name, device).map_err(|e| e.to_string())?;
+    let snapshot = if is_pickle(path) || bytes.first() == Some(&PICKLE_PROTO) {
+        Some(trace::pickle::read_snapshot(&bytes, &name, device))
+    } else if is_json(path, &bytes) {
+        Some(trace::pickle::read_json_snapshot(&bytes, &name, device))
+    } else {
+        None
+    };
+    let loaded = if let Some(s) = snapshot {
+        let s = s.map_err(|e| e.to_string())?;
         for line in s.notes.lines() {
-            eprintln!("note: {name}: {line}");
+            note!("note: {name}: {line}");
         }
         Loaded {
             stacks: s.stacks(),
@@ -440,10 +455,27 @@ fn is_pickle(path: &Path) -> bool {
         .is_some_and(|e| e == "pickle" || e == "pkl")
 }
 
-/// Writes an output file and says so on stderr.
-fn write(path: &Path, content: impl AsRef<[u8]>, what: &str) -> Result<(), String> {
+/// The first byte of a pickle of protocol 2 or later (the PROTO opcode), whatever the
+/// file's name.
+const PICKLE_PROTO: u8 = 0x80;
+
+/// Whether a file is a JSON snapshot: named `.json`, or starting with `{` or `[`, which
+/// no text trace does.
+fn is_json(path: &Path, bytes: &[u8]) -> bool {
+    path.extension().is_some_and(|e| e == "json")
+        || bytes
+            .iter()
+            .find(|b| !b.is_ascii_whitespace())
+            .is_some_and(|b| matches!(b, b'{' | b'['))
+}
+
+/// Writes an output file and says so on stderr; `-` is stdout.
+fn write(path: &Path, content: impl AsRef<[u8]>, what: &str) -> Result<(), Stop> {
+    if path == Path::new("-") {
+        return out::print(content);
+    }
     std::fs::write(path, content).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-    eprintln!("wrote {what} to {}", path.display());
+    note!("wrote {what} to {}", path.display());
     Ok(())
 }
 
@@ -491,49 +523,9 @@ fn html_escape(s: &str) -> String {
         .replace('>', "&gt;")
 }
 
-/// Says what the first OOM of a run was, and how many followed.
-fn report_ooms(r: &ReplayReport, label: &str, capacity: usize, segments: bool) {
-    let Some(o) = &r.first_oom else { return };
-    eprintln!(
-        "{} [{label}]: {} allocation(s) did not fit in a {} device. The first, event {} \
-         (allocation {} of {} on stream {}, with {} live), failed:\n  {}",
-        r.name,
-        r.ooms,
-        format_size(capacity),
-        o.event + 1,
-        o.id,
-        bytes(o.size),
-        o.stream,
-        format_size(o.live_requested),
-        o.message
-    );
-    if r.ooms > 1 {
-        eprintln!(
-            "  ({} more allocation(s) failed after it; the figures above are for a replay that skipped them)",
-            r.ooms - 1
-        );
-    }
-    if segments {
-        eprintln!("  segments then (size, stream, pool, allocated, pending free, free, largest free, blocks):");
-        for s in &o.segments {
-            eprintln!(
-                "    {:>10} s{} {} {:>10} {:>10} {:>10} {:>10} {}",
-                format_size(s.size),
-                s.stream,
-                if s.small { "small" } else { "large" },
-                format_size(s.allocated),
-                format_size(s.pending),
-                format_size(s.free),
-                format_size(s.largest_free),
-                s.blocks
-            );
-        }
-    }
-}
-
 /// Replays every trace under every setting; `Ok(false)` when some replay ran out of
 /// memory (reported on stderr).
-fn replay_cmd(args: ReplayArgs) -> Result<bool, String> {
+fn replay_cmd(args: ReplayArgs) -> Result<bool, Stop> {
     let capacity = parse_capacity(&args.capacity)?;
     let settings = settings::parse_all(&args.confs)?;
     let labels: Vec<String> = settings.iter().map(|s| s.label.clone()).collect();
@@ -560,7 +552,7 @@ fn replay_cmd(args: ReplayArgs) -> Result<bool, String> {
                 address_order: args.address_order,
             };
             let r = run_one(&t.trace, &opts, args.quiet)?;
-            report_ooms(&r, &setting.label, capacity, args.oom_segments);
+            oom::report(&r, &setting.label, capacity, args.oom_segments);
             fits &= r.ooms == 0;
             if let Some(p) = &args.svg {
                 let out = named(p, &r, &setting.label, many);
@@ -607,14 +599,14 @@ fn replay_cmd(args: ReplayArgs) -> Result<bool, String> {
             t.reports.push(r);
         }
         if !args.json {
-            println!(
-                "{} ({} events)\n{}",
+            out::print(format!(
+                "{} ({} events)\n{}\n",
                 t.trace.name,
                 t.trace.ops.len(),
                 table(&t.reports, &labels, &t.mins)
-            );
+            ))?;
             for (b, label) in t.blames.iter().zip(&labels) {
-                println!("[{label}] {}", b.text());
+                out::print(format!("[{label}] {}\n", b.text()))?;
             }
         }
         runs.push(t);
@@ -622,7 +614,7 @@ fn replay_cmd(args: ReplayArgs) -> Result<bool, String> {
     if !args.json {
         let legend = settings::legend(&settings);
         if !legend.is_empty() {
-            println!("settings:\n{}", legend.join("\n"));
+            out::print(format!("settings:\n{}\n", legend.join("\n")))?;
         }
     }
     if args.json {
@@ -646,10 +638,7 @@ fn replay_cmd(args: ReplayArgs) -> Result<bool, String> {
                     })
             })
             .collect();
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&v).expect("serialisable")
-        );
+        out::print(serde_json::to_string_pretty(&v).expect("serialisable") + "\n")?;
     }
     if let Some(p) = &args.html {
         write(p, html_page(&runs, &labels), "the page")?;
@@ -669,18 +658,7 @@ fn main() -> ExitCode {
             trace,
             case,
             output,
-        } => load(&trace, None).and_then(|t| {
-            let d = trace::derive::derive(&t.trace, &case).ok_or_else(|| {
-                format!(
-                    "unknown case '{case}': expected one of {} or comm<N>",
-                    trace::derive::CASES.join(", ")
-                )
-            })?;
-            let mut out = Vec::new();
-            d.write_to(&mut out).map_err(|e| e.to_string())?;
-            write(&output, out, &format!("{} events", d.ops.len()))?;
-            Ok(())
-        }),
+        } => derive_cmd(&trace, &case, &output),
         Command::Tune {
             traces,
             capacity,
@@ -699,24 +677,40 @@ fn main() -> ExitCode {
             snapshot,
             output,
             device,
-        } => load(&snapshot, device).and_then(|t| {
-            let mut out = Vec::new();
-            trace::frames::write_with_stacks(&t.trace, &t.stacks, &mut out)
-                .map_err(|e| e.to_string())?;
-            let what = format!(
-                "{} events ({} allocations with frames)",
-                t.trace.ops.len(),
-                t.stacks.len()
-            );
-            write(&output, out, &what)?;
-            Ok(())
-        }),
+        } => convert_cmd(&snapshot, &output, device),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e}");
+        Ok(()) | Err(Stop::Closed) => ExitCode::SUCCESS,
+        Err(Stop::Error(e)) => {
+            note!("error: {e}");
             ExitCode::from(2)
         }
     }
+}
+
+/// `npualloc derive`: a multi-stream case written to `output`.
+fn derive_cmd(trace: &Path, case: &str, output: &Path) -> Result<(), Stop> {
+    let t = load(trace, None)?;
+    let d = trace::derive::derive(&t.trace, case).ok_or_else(|| {
+        format!(
+            "unknown case '{case}': expected one of {} or comm<N>",
+            trace::derive::CASES.join(", ")
+        )
+    })?;
+    let mut out = Vec::new();
+    d.write_to(&mut out).map_err(|e| e.to_string())?;
+    write(output, out, &format!("{} events", d.ops.len()))
+}
+
+/// `npualloc convert`: a snapshot written as a text trace with its frames.
+fn convert_cmd(snapshot: &Path, output: &Path, device: Option<usize>) -> Result<(), Stop> {
+    let t = load(snapshot, device)?;
+    let mut out = Vec::new();
+    trace::frames::write_with_stacks(&t.trace, &t.stacks, &mut out).map_err(|e| e.to_string())?;
+    let what = format!(
+        "{} events ({} allocations with frames)",
+        t.trace.ops.len(),
+        t.stacks.len()
+    );
+    write(output, out, &what)
 }

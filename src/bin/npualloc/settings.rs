@@ -4,7 +4,7 @@
 //! for PyTorch's exact policy, `torch_npu` for torch_npu 2.14's; the empty string is
 //! the defaults. A setting without a name is labelled by its text when that is short, else `conf N` with a legend.
 
-use npualloc::config::{PYTORCH_POLICY, TORCH_NPU_POLICY};
+use npualloc::config::{suggest, KEYS, PYTORCH_POLICY, TORCH_NPU_POLICY};
 use npualloc::Config;
 
 /// Longest settings text used as its own column label.
@@ -20,6 +20,9 @@ pub struct Setting {
     /// The text as given, for the legend and for errors.
     pub given: String,
 }
+
+/// The presets a settings string may start with.
+pub const PRESETS: [&str; 2] = ["pytorch", "torch_npu"];
 
 /// Expands a leading `pytorch` item of a settings string into PyTorch's policy.
 pub fn expand(conf: &str) -> String {
@@ -48,7 +51,7 @@ pub fn parse_all(given: &[String]) -> Result<Vec<Setting>, String> {
             None => (None, g.as_str()),
         };
         let conf = expand(text);
-        Config::parse(&conf).map_err(|e| format!("--conf '{g}': {e}"))?;
+        Config::parse(&conf).map_err(|e| format!("--conf '{g}': {e}{}", hint(name, text)))?;
         let label = match name {
             Some("") => return Err(format!("--conf '{g}': empty name before '='")),
             Some(n) => n.to_string(),
@@ -68,6 +71,30 @@ pub fn parse_all(given: &[String]) -> Result<Vec<Setting>, String> {
         });
     }
     Ok(out)
+}
+
+/// What a refused `--conf` probably meant: a setting written `key=value` (which reads as
+/// a column named `key`), or a mistyped preset.
+fn hint(name: Option<&str>, text: &str) -> String {
+    let first = text.split(',').next().unwrap_or("").trim();
+    if first.contains(':') {
+        return String::new();
+    }
+    if let Some(n) = name {
+        let key = KEYS
+            .contains(&n)
+            .then_some(n)
+            .or_else(|| suggest::closest(n, KEYS));
+        if let Some(key) = key {
+            return format!(
+                " (NAME=SETTINGS names a column: '{n}' became a column name and '{text}' its \
+                 settings); did you mean --conf {key}:{text}?"
+            );
+        }
+    }
+    suggest::closest(first, PRESETS)
+        .map(|p| format!("; did you mean the preset '{p}'?"))
+        .unwrap_or_default()
 }
 
 /// Lines explaining labels that are not the settings text itself.
@@ -157,6 +184,28 @@ mod tests {
         assert!(e.contains("empty name"), "{e}");
         let e = parse_all(&given(&["a=", "a=pytorch"])).unwrap_err();
         assert!(e.contains("label 'a' is used twice"), "{e}");
+    }
+
+    #[test]
+    fn settings_written_as_names_and_mistyped_presets_get_a_suggestion() {
+        let e = parse_all(&given(&["max_split_size_mb=128"])).unwrap_err();
+        assert!(
+            e.contains("NAME=SETTINGS names a column")
+                && e.ends_with("did you mean --conf max_split_size_mb:128?"),
+            "{e}"
+        );
+        let e = parse_all(&given(&["expandable_segment=True"])).unwrap_err();
+        assert!(
+            e.ends_with("did you mean --conf expandable_segments:True?"),
+            "{e}"
+        );
+        let e = parse_all(&given(&["pytorh"])).unwrap_err();
+        assert!(e.ends_with("did you mean the preset 'pytorch'?"), "{e}");
+        let e = parse_all(&given(&["mine=torchnpu,hot_cache:False"])).unwrap_err();
+        assert!(e.ends_with("did you mean the preset 'torch_npu'?"), "{e}");
+        // A real name before valid settings stays a name.
+        let s = parse_all(&given(&["max_split_size_mb=max_split_size_mb:128"])).unwrap();
+        assert_eq!(s[0].label, "max_split_size_mb");
     }
 
     #[test]

@@ -4,9 +4,14 @@ use std::io::IsTerminal;
 
 use serde_json::{json, Value};
 
-use npualloc::replay::tune::{self, Outcome, Score, Tried, Tuning, GRID, ROUNDS};
+use npualloc::replay::tune::{
+    self, Outcome, Score, Tried, Tuning, GRID, MIN_CALLS_GAIN_PERCENT, MIN_CAPACITY_GAIN_PERCENT,
+    ROUNDS,
+};
 use npualloc::stats::format_size;
 use npualloc::trace::Trace;
+
+use crate::out::{self, note, Stop};
 
 fn mib(n: u64) -> String {
     format!("{} MiB", n >> 20)
@@ -30,6 +35,7 @@ fn verdict(o: &Outcome) -> String {
         Outcome::Baseline => "baseline".into(),
         Outcome::Kept => "best so far".into(),
         Outcome::NotSmaller => "no better".into(),
+        Outcome::BelowMinimumGain => "better by less than the minimum gain".into(),
         Outcome::MoreCalls => "more device calls or syncs".into(),
         Outcome::NoFit => "does not fit".into(),
         Outcome::Refused(e) => {
@@ -88,26 +94,54 @@ pub fn table(traces: &[Trace], t: &Tuning) -> String {
     out
 }
 
-/// The closing lines: the best setting and what it changes per trace.
+/// The minimum gain, in words.
+fn rule() -> String {
+    format!(
+        "needs at least {MIN_CAPACITY_GAIN_PERCENT}% less memory in all (total min capacity), \
+         or as little with at least {MIN_CALLS_GAIN_PERCENT}% fewer device calls plus host syncs"
+    )
+}
+
+/// `total` against `base`'s: bytes saved and the share.
+fn saving(total: u64, base: u64) -> String {
+    let saved = base as i128 - total as i128;
+    format!(
+        "{} {} of {} ({:.2}%)",
+        if saved >= 0 { "saves" } else { "costs" },
+        format_size(saved.unsigned_abs() as usize),
+        format_size(base as usize),
+        saved as f64 * 100.0 / base.max(1) as f64
+    )
+}
+
+/// The closing lines: the best setting, or, when the defaults stay best, the setting
+/// that came closest; what it changes per trace and in all.
 pub fn summary(traces: &[Trace], t: &Tuning) -> String {
-    let best = t.best_tried();
     let base = &t.tried[0];
-    let mut out = if t.best.is_empty() {
-        "best: the defaults (no setting tried does better without more device calls or syncs)\n"
-            .to_string()
+    let (mut out, shown) = if t.best.is_empty() {
+        let head = format!(
+            "best: the defaults: no setting tried {}, without more device calls or host syncs \
+             than the defaults\n",
+            rule()
+        );
+        match t.closest_below_minimum() {
+            Some(c) => (
+                head + &format!("closest: {} (below the minimum gain)\n", c.conf),
+                c,
+            ),
+            None => return head,
+        }
     } else {
-        format!("best: {}\n", t.best)
+        (format!("best: {}\n", t.best), t.best_tried())
     };
-    for ((tr, b), s) in traces.iter().zip(&base.scores).zip(&best.scores) {
-        if let (None, Some(sc)) = (b.capacity, s.capacity) {
-            out.push_str(&format!(
+    for ((tr, b), s) in traces.iter().zip(&base.scores).zip(&shown.scores) {
+        match (b.capacity, s.capacity) {
+            (None, Some(sc)) => out.push_str(&format!(
                 "  {}: the defaults do not fit within the limit; this fits in {}\n",
                 tr.name,
                 format_size(sc as usize)
-            ));
-        }
-        if let (Some(bc), Some(sc)) = (b.capacity, s.capacity) {
-            out.push_str(&format!(
+            )),
+            (Some(bc), Some(sc)) => out.push_str(&format!(
                 "  {}: min capacity {} -> {} ({:+.1}%), device calls {} -> {}, host syncs {} -> {}\n",
                 tr.name,
                 format_size(bc as usize),
@@ -117,8 +151,17 @@ pub fn summary(traces: &[Trace], t: &Tuning) -> String {
                 s.device_calls,
                 b.host_syncs,
                 s.host_syncs
-            ));
+            )),
+            _ => {}
         }
+    }
+    if let (Some(bt), Some(st)) = (base.total(), shown.total()) {
+        out.push_str(&format!(
+            "  in all: {}; device calls + host syncs {} -> {}\n",
+            saving(st, bt),
+            base.cost(),
+            shown.cost(),
+        ));
     }
     out
 }
@@ -135,23 +178,25 @@ fn tried_json(t: &Tried) -> Value {
 }
 
 /// Runs the search, prints the table (or JSON) and the best setting.
-pub fn run(traces: &[Trace], limit: usize, as_json: bool, quiet: bool) -> Result<(), String> {
+pub fn run(traces: &[Trace], limit: usize, as_json: bool, quiet: bool) -> Result<(), Stop> {
     let show = !quiet && !as_json && std::io::stderr().is_terminal();
     if !as_json {
-        println!(
+        out::print(format!(
             "tune: coordinate search over {} keys (at most {ROUNDS} rounds), each setting's \
-             min capacity found per trace in 1 MiB steps up to {}; a setting must not raise \
-             any trace's device calls (segment mallocs + page maps) or host syncs at its min \
-             capacity above the defaults'. garbage_collection_threshold is not tried: it acts \
-             only with a memory fraction, which a replay does not set.\n\
-             cells: min capacity, x peak requested, device calls/host syncs",
+             min capacity found per trace in 1 MiB steps up to {}; a change is kept if, against \
+             the best so far, it {}, and it raises no trace's device calls (segment mallocs + \
+             page maps) or host syncs at its min capacity above the defaults'. \
+             garbage_collection_threshold is not tried: it acts only with a memory fraction, \
+             which a replay does not set.\n\
+             cells: min capacity, x peak requested, device calls/host syncs\n",
             GRID.len(),
-            format_size(limit)
-        );
+            format_size(limit),
+            rule()
+        ))?;
     }
     let t = tune::tune(traces, limit, |x| {
         if show {
-            eprintln!(
+            note!(
                 "  tried {}",
                 if x.conf.is_empty() {
                     "(defaults)"
@@ -166,14 +211,12 @@ pub fn run(traces: &[Trace], limit: usize, as_json: bool, quiet: bool) -> Result
         let v = json!({
             "traces": traces.iter().map(|t| t.name.clone()).collect::<Vec<_>>(),
             "best": t.best, "best_scores": t.best_tried().scores.iter().map(score_json).collect::<Vec<_>>(),
+            "min_gain_percent": {"capacity": MIN_CAPACITY_GAIN_PERCENT, "calls": MIN_CALLS_GAIN_PERCENT},
+            "closest_below_min_gain": t.closest_below_minimum().map(|c| c.conf.clone()),
             "tried": t.tried.iter().map(tried_json).collect::<Vec<_>>(),
         });
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&v).expect("serialisable")
-        );
+        out::print(serde_json::to_string_pretty(&v).expect("serialisable") + "\n")
     } else {
-        print!("{}\n{}", table(traces, &t), summary(traces, &t));
+        out::print(format!("{}\n{}", table(traces, &t), summary(traces, &t)))
     }
-    Ok(())
 }
