@@ -26,7 +26,7 @@ use crate::error::Error;
 pub mod suggest;
 
 /// Every key [`Config::parse`] reads, for "did you mean" in its errors.
-pub const KEYS: [&str; 20] = [
+pub const KEYS: [&str; 21] = [
     "max_split_size_mb",
     "max_non_split_rounding_mb",
     "garbage_collection_threshold",
@@ -45,6 +45,7 @@ pub const KEYS: [&str; 20] = [
     "wait_before_growth",
     "expandable_best_fit",
     "adaptive_pages",
+    "address_ties",
     "base_addr_aligned_kb",
     "reserve_budget_mb",
 ];
