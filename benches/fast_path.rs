@@ -1,7 +1,7 @@
 //! The allocator's speed: the fast path by size class against mimalloc, two threads on
 //! two streams against one, the cross-stream cycle, and trace replay.
 //!
-//! Run: `cargo bench --bench fast_path` (see benches/README.md for the figures).
+//! Run: `cargo bench --bench fast_path` (benches/README.md; the figures: docs/results.md).
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::hint::black_box;

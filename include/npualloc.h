@@ -4,7 +4,7 @@
  *
  * Functions returning int return NPUALLOC_OK (0) or an NPUALLOC_ERR_* code and leave a
  * message in npualloc_last_error(). No function aborts, panics across the boundary, or
- * prints. See DESIGN section 3 in the repository for the full contract.
+ * prints. The full contract: docs/design.md, "The C ABI contract".
  */
 
 #ifndef NPUALLOC_H

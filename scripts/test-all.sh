@@ -5,7 +5,7 @@
 # Usage: bash scripts/test-all.sh
 #
 # Each crate is compiled once per configuration (see "What the test command compiles" in
-# README.md): `cargo test` (profile test = dev); the C library as users build it
+# docs/testing.md): `cargo test` (profile test = dev); the C library as users build it
 # (`-p npualloc-ffi`: the core without the tools); the tool in release for the README's
 # first command, which `cargo install` reuses; the library once more as setuptools-rust
 # builds it (`--crate-type cdylib`), last, so nothing after it builds the library again.

@@ -49,3 +49,6 @@ fi
 
 echo "-- the docs' checked examples, with the installed npualloc --"
 python3 scripts/check-docs.py --bin-dir "$scratch/root/bin" --scratch "$scratch"
+
+echo "-- scripts/results.py (docs/results.md's table regeneration) --"
+python3 scripts/test_results.py

@@ -1,4 +1,4 @@
-//! The allocator entry points (DESIGN.md section 3).
+//! The allocator entry points (docs/design.md, "The C ABI contract").
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 

@@ -1,5 +1,5 @@
 //! Runtime hooks: a host framework (torch_npu) replaces event and device-synchronise
-//! operations with its own queue-aware ones (DESIGN.md section 2, the task-queue hazard).
+//! operations with its own queue-aware ones (docs/design.md, "The host framework's task queue").
 
 use std::ffi::{c_int, c_void};
 use std::sync::Arc;

@@ -14,15 +14,15 @@
 //! once in its last 2^18 malloc calls) grows at a miss instead of borrowing and gives
 //! no idle segment back (before it the trace mix 3 : 1 on the fake ACL runtime still
 //! moved segments and made device calls after 400 passes, and the two-thread cases ran
-//! with lending and `reclaim_before_growth` off: benches/README.md).
+//! with lending and `reclaim_before_growth` off: docs/decisions/012-steady-stream.md).
 //!
 //! One thread stepping both windows in turn, evenly and 3 : 1, makes the interleaving,
 //! hence on the simulated device the counts, deterministic. With two threads what one
 //! stream finds cached depends on how the threads interleave, and on the fake ACL
 //! runtime the host addresses of its device memory differ between runs (so do the
 //! passes where a run's last device call comes): the warm-up makes both streams steady
-//! and then outlasts the moves measured in repeated runs (benches/README.md: "A steady
-//! stream keeps its memory"). What may still come, rarely, is a lone 2 MiB small-pool
+//! and then outlasts the moves measured in repeated runs (docs/decisions/012-steady-stream.md:
+//! "A steady stream keeps its memory"). What may still come, rarely, is a lone 2 MiB small-pool
 //! growth of a steady stream (a new maximum of its fragmentation).
 
 #[path = "../benches/abi_support/mod.rs"]

@@ -1,14 +1,22 @@
 #!/usr/bin/env python3
-"""Print the memory tables of benches/README.md ("Trace zoo") from replays of every trace.
+"""Print the memory tables of docs/results.md from replays of every shipped trace.
 
     cargo build --release
     python3 scripts/zoo/bench_table.py [--npualloc target/release/npualloc]
+        [--table default|expandable|reserve|ablation|lending]
 
 Runs `npualloc replay --min-capacity` over traces/*.trace and traces/zoo/*.trace with
 the default settings, PyTorch's policy, and both with `expandable_segments:True`, then
 the same with `--repeat 4`, and prints one markdown table per setting with PyTorch's
-figures beside ours and the issue-15 targets each trace misses; then, for the default
-settings, where the reserve sits at the moment of peak reserved (from `--snapshot`).
+figures beside ours and the targets each trace misses; then, for the default settings,
+where the reserve sits at the moment of peak reserved (from `--snapshot`).
+
+--table prints one table only, as docs/results.md carries it (`scripts/results.py`
+rewrites that file's tables from these commands): `default` and `expandable` (the two
+settings, with the targets missed), `reserve` (the reserve at peak), `ablation` (the
+defaults with each of npualloc's additions turned off in turn; `--ablation` is the old
+spelling) and `lending` (the multi-stream cases of the four traces of traces/: the
+pending floor and each level of lending, with and without expandable segments).
 Standard library only.
 """
 
@@ -55,6 +63,57 @@ def ablation(binary, traces):
             for r in runs
         ]
         out.append(f"| {name(runs[0])} | {' | '.join(cells)} |")
+    return out
+
+
+LENDING_CASES = ["comm", "branch", "rr4"]
+LENDING_CONFS = [
+    ("defaults", ""),
+    ("segment lending only", "lend_blocks:False"),
+    ("no lending", "lend_blocks:False,lend_segments:False"),
+    ("expandable", "expandable_segments:True"),
+    ("PyTorch's policy", "pytorch"),
+    ("PyTorch's policy, expandable", "pytorch,expandable_segments:True"),
+]
+
+
+def lending(binary):
+    """The multi-stream cases of traces/*.trace: reserved / peak requested per setting."""
+    traces = sorted(glob.glob("traces/*.trace"))
+    head = " | ".join(label for label, _ in LENDING_CONFS)
+    out = [
+        f"| case | pending floor | {head} | device mallocs: defaults / no lending |",
+        "|---|" + "---:|" * (len(LENDING_CONFS) + 2),
+    ]
+    with tempfile.TemporaryDirectory() as tmp:
+        for t in traces:
+            cells = {}
+            for case in LENDING_CASES:
+                path = os.path.join(tmp, f"{case}.trace")
+                subprocess.run(
+                    [binary, "derive", t, "--case", case, "-o", path],
+                    check=True,
+                    capture_output=True,
+                )
+                runs = replay(binary, [path], [], [c for _, c in LENDING_CONFS])[0]
+                cells[case] = runs
+            trace = os.path.basename(t).removesuffix(".trace")
+
+            def join(f):
+                return " / ".join(f(cells[c]) for c in LENDING_CASES)
+
+            floor = join(lambda r: f"{r[0]['pending_floor'] / r[0]['peak_requested']:.3f}")
+            ratios = [
+                join(lambda r, i=i: f"{r[i]['reserved_over_requested']:.3f}")
+                for i in range(len(LENDING_CONFS))
+            ]
+            mallocs = join(lambda r: f"{r[0]['device_mallocs']}") + " against " + join(
+                lambda r: f"{r[2]['device_mallocs']}"
+            )
+            out.append(
+                f"| {trace} {' / '.join(LENDING_CASES)} | {floor} | {' | '.join(ratios)} "
+                f"| {mallocs} |"
+            )
     return out
 
 
@@ -163,16 +222,30 @@ def main():
         action="store_true",
         help="only the table of the defaults with each addition turned off",
     )
+    ap.add_argument(
+        "--table",
+        choices=["default", "expandable", "reserve", "ablation", "lending"],
+        help="print this table only (the shape docs/results.md carries)",
+    )
     args = ap.parse_args()
     traces = sorted(glob.glob("traces/*.trace")) + sorted(glob.glob("traces/zoo/*.trace"))
     if not traces:
         sys.exit("no traces: run from the repository root")
     if args.ablation:
+        args.table = "ablation"
+    if args.table == "ablation":
         print("\n".join(ablation(args.npualloc, traces)))
+        return
+    if args.table == "lending":
+        print("\n".join(lending(args.npualloc)))
+        return
+    if args.table == "reserve":
+        print("\n".join(breakdown(args.npualloc, traces)))
         return
     once = replay(args.npualloc, traces, ["--min-capacity"])
     four = replay(args.npualloc, traces, ["--repeat", "4"])
-    for expandable in (False, True):
+    kinds = {"default": [False], "expandable": [True]}.get(args.table, [False, True])
+    for expandable in kinds:
         rows = []
         misses = table(rows, once, four, expandable)
         print("\n".join(rows))
@@ -180,8 +253,10 @@ def main():
         total = len(once)
         for k, names in misses.items():
             print(f"- {k}: {len(names)} of {total} ({', '.join(names)})")
-        print()
-    print("\n".join(breakdown(args.npualloc, traces)))
+        if args.table is None:
+            print()
+    if args.table is None:
+        print("\n".join(breakdown(args.npualloc, traces)))
 
 
 if __name__ == "__main__":

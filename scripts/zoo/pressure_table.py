@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Print the issue-16 table of benches/README.md: every derived multi-stream case under
-memory pressure, npualloc's defaults beside PyTorch's policy.
+"""Print the table of docs/results.md "Several streams under memory pressure": every
+derived multi-stream case under memory pressure, npualloc's defaults beside PyTorch's policy.
 
     cargo build --release
     python3 scripts/zoo/pressure_table.py [--npualloc target/release/npualloc] [--zoo]

@@ -1,7 +1,7 @@
 //! The fuzz targets' checks (`fuzz_checks.rs`) on stable, bounded, in every test run:
 //! the recorded regression inputs (`fuzz/regressions/<target>/`), then random inputs
 //! shaped like each entry point's (trace lines, settings strings, mutated snapshots).
-//! Long runs: cargo-fuzz (README, "Fuzzing, Miri, sanitizers and the soak").
+//! Long runs: cargo-fuzz (docs/testing.md, "Fuzzing, Miri, sanitizers and the soak").
 
 use std::path::Path;
 

@@ -21,8 +21,8 @@ fn run(t: &Trace, conf: &str) -> npualloc::replay::ReplayReport {
     r
 }
 
-/// torch_npu 2.14's own allocator on the stand-in CANN libraries (benches/README.md,
-/// "The real anchor"): peak reserved and device mallocs, and peak reserved with
+/// torch_npu 2.14's own allocator on the stand-in CANN libraries (docs/results.md,
+/// "torch_npu's own allocator"): peak reserved and device mallocs, and peak reserved with
 /// expandable segments. The preset gives the same
 /// figures exactly on these two; PyTorch's policy does not on gpt2 (1.445, not 1.485).
 #[test]
@@ -115,7 +115,7 @@ fn random_churn_replays_cleanly_under_every_preset() {
 /// Issue #15's churn target. Fails today: the defaults reserve more than PyTorch's
 /// policy on 16 of the 32 seeds (seed 1: 194 MiB against 174; seed 8: 156 against
 /// 136); turning off `reclaim_before_growth` alone leaves 17 worse, `adaptive_segments`
-/// alone 9 (benches/README.md). Run with `cargo test --test all -- --ignored churn`.
+/// alone 9 (docs/decisions/001-adaptive-segments.md). Run with `cargo test --test all -- --ignored churn`.
 #[test]
 #[ignore = "issue #15 target, not met yet: 16 of 32 seeds reserve more than PyTorch's policy"]
 fn on_random_churn_the_defaults_never_reserve_more_than_pytorch() {

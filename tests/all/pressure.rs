@@ -406,7 +406,7 @@ fn late_reader(seed: u64) -> trace::Trace {
 #[test]
 fn a_late_reader_is_served_with_fewer_host_syncs_than_pytorchs_policy() {
     // Each at its own smallest device: the device-side waits replace most of PyTorch's
-    // synchronisations (benches/README.md, "Session 10, lead").
+    // synchronisations (docs/decisions/015-covering-wait.md).
     for seed in 1..=4 {
         let t = late_reader(seed);
         let ours = at(&t, "", min_of(&t, ""));
@@ -426,7 +426,7 @@ fn a_late_reader_is_served_with_fewer_host_syncs_than_pytorchs_policy() {
 /// than PyTorch's policy on 14 of seeds 1-20 (seed 2: 1.273 against 1.240 × peak
 /// requested; 18 before the pressure rung's wait covered every free queued before it),
 /// and on an H200 they once ran out of memory at a memory fraction PyTorch's allocator
-/// fitted (README.md, "Third run on the H200"). Run with `cargo test --release
+/// fitted (docs/validation.md, "Third run"). Run with `cargo test --release
 /// --test all -- --ignored late_reader`.
 #[test]
 #[ignore = "issue #16 target, not met: 14 of 20 late-reader seeds need more than PyTorch's policy"]

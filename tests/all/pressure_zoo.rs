@@ -7,7 +7,7 @@
 //! PyTorch's smallest devices are listed (`scripts/zoo/pressure_table.py` found them,
 //! 1 MiB steps), so the test replays each case twice instead of searching; the test
 //! checks that PyTorch's policy still fits there. The cases where the defaults still run
-//! out of memory on that device are marked (benches/README.md, issue #16, says why); the
+//! out of memory on that device are marked (docs/decisions/016-last-resort.md and 036 say why); the
 //! marks are exact both ways, so a case that starts fitting fails the test until its
 //! mark is removed.
 

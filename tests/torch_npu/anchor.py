@@ -1,6 +1,6 @@
 """The real anchor: npualloc's shipped traces replayed through torch_npu's own caching
 allocator on the stand-in, next to npualloc installed in torch_npu and to the replay
-tool (benches/README.md, "The real anchor").
+tool (docs/results.md, "torch_npu's own allocator").
 
 Each trace event becomes a torch_npu call: `a` torch.empty (uint8, on a torch.npu.Stream
 per stream id, stream 0 the default stream), `f` del, `r` Tensor.record_stream, `s` the

@@ -29,7 +29,7 @@
 //   stream the filter accepts (npualloc_begin_allocate_to_pool) before allocating on
 //   it. end_allocate_to_pool ends the routing of every stream routed; release_pool
 //   drops the pool's use.
-// - runtime hooks (DESIGN section 2, the task-queue hazard): torch_npu launches kernels
+// - runtime hooks (docs/design.md, "The host framework's task queue"): torch_npu launches kernels
 //   through a host task queue, so an event recorded straight with aclrtRecordEvent
 //   could land before kernels still waiting there. Before recording, the event hook
 //   drains the queue holding the stream's work: NPUStream::stream() (exported) empties
