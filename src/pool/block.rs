@@ -29,7 +29,7 @@
 //! place range of its own instead, handed out in the order the allocator created the
 //! segments (`Shared::place_shift`): the oldest segment wins, then the lowest offset in
 //! it, on any device, so a replay on the simulated device places every block as the
-//! real device would.
+//! real device would (decision 044).
 
 use smallvec::SmallVec;
 
