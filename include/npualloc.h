@@ -65,9 +65,89 @@
 #define NPUALLOC_ERR_IO 9
 
 /**
+ * A graph pool that is not live (never created, or every use released) where one
+ * is required.
+ */
+#define NPUALLOC_ERR_UNKNOWN_POOL 10
+
+/**
+ * A request npualloc cannot honour (the message says which and why).
+ */
+#define NPUALLOC_ERR_UNSUPPORTED 11
+
+/**
  * An internal panic was caught at the boundary.
  */
 #define NPUALLOC_ERR_PANIC 99
+
+/**
+ * A trace entry: an allocation (`address`, requested `size`).
+ */
+#define NPUALLOC_TRACE_ALLOC 0
+
+/**
+ * A trace entry: a caller freed an allocation (its memory may still wait for other
+ * streams).
+ */
+#define NPUALLOC_TRACE_FREE_REQUESTED 1
+
+/**
+ * A trace entry: a freed allocation's memory is reusable.
+ */
+#define NPUALLOC_TRACE_FREE_COMPLETED 2
+
+/**
+ * A trace entry: a segment was allocated on the device.
+ */
+#define NPUALLOC_TRACE_SEGMENT_ALLOC 3
+
+/**
+ * A trace entry: a segment went back to the device.
+ */
+#define NPUALLOC_TRACE_SEGMENT_FREE 4
+
+/**
+ * A trace entry: pages of an expandable segment were mapped.
+ */
+#define NPUALLOC_TRACE_SEGMENT_MAP 5
+
+/**
+ * A trace entry: pages of an expandable segment were unmapped.
+ */
+#define NPUALLOC_TRACE_SEGMENT_UNMAP 6
+
+/**
+ * A trace entry: an allocation failed with out of memory (`address` holds the device's
+ * free bytes, `size` the request, as PyTorch's `TraceEntry::OOM`).
+ */
+#define NPUALLOC_TRACE_OOM 7
+
+/**
+ * A block in a snapshot: inactive (cached, free).
+ */
+#define NPUALLOC_BLOCK_INACTIVE 0
+
+/**
+ * A block in a snapshot: allocated.
+ */
+#define NPUALLOC_BLOCK_ACTIVE_ALLOCATED 1
+
+/**
+ * A block in a snapshot: freed, waiting for work on other streams.
+ */
+#define NPUALLOC_BLOCK_ACTIVE_PENDING_FREE 2
+
+/**
+ * A graph pool's checkpoint (PyTorch's `PrivatePoolState`), made by
+ * `npualloc_pool_checkpoint` and freed by `npualloc_pool_state_destroy`.
+ */
+typedef struct npualloc_pool_state npualloc_pool_state;
+
+/**
+ * A snapshot of one device's segments, made by `npualloc_snapshot_take` and freed by
+ * `npualloc_snapshot_destroy`.
+ */
+typedef struct npualloc_snapshot npualloc_snapshot;
 
 /**
  * A stream: an `aclrtStream` or `cudaStream_t`; NULL is the device's default stream.
@@ -242,6 +322,165 @@ typedef struct {
  * (the memory-fraction cap if set, else the device's total memory) and free bytes.
  */
 typedef void (*npualloc_oom_observer)(int device, size_t requested, size_t capacity, size_t free);
+
+/**
+ * One event for torch's memory history (the fields of PyTorch's `TraceEntry` the
+ * allocator knows; the caller adds its own context).
+ */
+typedef struct {
+  /**
+   * `NPUALLOC_TRACE_*`.
+   */
+  int action;
+  /**
+   * Device index.
+   */
+  int device;
+  /**
+   * Address (for `NPUALLOC_TRACE_OOM`: the device's free bytes).
+   */
+  uint64_t address;
+  /**
+   * Bytes: requested for allocations and frees, of the segment or pages otherwise.
+   */
+  size_t size;
+  /**
+   * The stream of the allocation or segment.
+   */
+  npualloc_stream stream;
+  /**
+   * Its graph pool ((0, 0): none): first integer.
+   */
+  uint64_t pool_hi;
+  /**
+   * Its graph pool: second integer.
+   */
+  uint64_t pool_lo;
+} npualloc_trace_entry;
+
+/**
+ * Called for each trace entry, synchronously, on the thread that caused it, with
+ * allocator locks held: it must return quickly, never call npualloc, and never throw.
+ */
+typedef void (*npualloc_trace_callback)(void *ctx, const npualloc_trace_entry *entry);
+
+/**
+ * One block of a checkpointed pool (PyTorch's `BlockState`).
+ */
+typedef struct {
+  /**
+   * Start address.
+   */
+  void *ptr;
+  /**
+   * Size in bytes.
+   */
+  size_t size;
+  /**
+   * The stream of its segment.
+   */
+  npualloc_stream stream;
+  /**
+   * Whether it was allocated at the checkpoint.
+   */
+  bool allocated;
+  /**
+   * Index of its segment in the checkpoint (segments in address order).
+   */
+  size_t segment;
+} npualloc_block_state;
+
+/**
+ * Called once per allocation a restore freed, with its address.
+ */
+typedef void (*npualloc_restore_freed)(void *ctx, void *ptr);
+
+/**
+ * Called once per allocation a restore made (a block allocated at the checkpoint),
+ * with its address and size: a live allocation the caller owns, freed with
+ * `npualloc_free`.
+ */
+typedef void (*npualloc_restore_allocated)(void *ctx, void *ptr, size_t size);
+
+/**
+ * One segment of a snapshot (torch's `SegmentInfo`).
+ */
+typedef struct {
+  /**
+   * Device index.
+   */
+  int device;
+  /**
+   * Start address.
+   */
+  void *address;
+  /**
+   * Size in bytes.
+   */
+  size_t total_size;
+  /**
+   * Bytes of its allocated blocks.
+   */
+  size_t allocated_size;
+  /**
+   * Bytes of its allocated and pending-free blocks.
+   */
+  size_t active_size;
+  /**
+   * Bytes requested by the callers of its active blocks.
+   */
+  size_t requested_size;
+  /**
+   * The stream it serves.
+   */
+  npualloc_stream stream;
+  /**
+   * Its owner graph pool (`segment_pool_id`, (0, 0) for none): first integer.
+   */
+  uint64_t pool_hi;
+  /**
+   * Its owner graph pool: second integer.
+   */
+  uint64_t pool_lo;
+  /**
+   * A large-pool segment (else small).
+   */
+  bool is_large;
+  /**
+   * A run of mapped pages of an expandable segment.
+   */
+  bool is_expandable;
+  /**
+   * Index of its first block in the snapshot's blocks.
+   */
+  size_t first_block;
+  /**
+   * Number of its blocks.
+   */
+  size_t block_count;
+} npualloc_segment_info;
+
+/**
+ * One block of a snapshot (torch's `BlockInfo`).
+ */
+typedef struct {
+  /**
+   * Start address.
+   */
+  void *address;
+  /**
+   * Size in bytes.
+   */
+  size_t size;
+  /**
+   * Bytes the caller asked for (0 when inactive).
+   */
+  size_t requested_size;
+  /**
+   * `NPUALLOC_BLOCK_*`.
+   */
+  int state;
+} npualloc_block_info;
 
 /**
  * Counters of one simulated device.
@@ -421,20 +660,28 @@ int npualloc_set_oom_observer(npualloc_oom_observer observer);
 /**
  * Routes allocations on `capture_stream` of `device` to the graph-private pool
  * (`id_hi`, `id_lo`) (torch's `MempoolId_t`; (0, 0) is reserved) until
- * `npualloc_end_allocate_to_pool`: call it before starting a graph capture. Creates the
- * pool or adds a use; a stream already routing to a pool gives NPUALLOC_ERR_INVALID_STATE.
+ * `npualloc_end_allocate_to_pool`, and marks a graph capture underway until then: call
+ * it before starting a graph capture. Adds one use of the pool (creating it), which
+ * `npualloc_release_pool` drops; the pool's memory stays while it has a use. It is
+ * `npualloc_pool_begin` + `npualloc_route_stream_to_pool` + `npualloc_capture_begin`
+ * in one call. A stream already routing to a pool gives NPUALLOC_ERR_INVALID_STATE.
  */
 int npualloc_begin_allocate_to_pool(int device, uint64_t id_hi, uint64_t id_lo, npualloc_stream capture_stream);
 
 /**
- * Stops routing to the pool (after the capture ended); frees made during the capture
- * record their stream events now. NPUALLOC_ERR_INVALID_STATE if nothing routes to it.
+ * Ends one stream route to the pool (one per `npualloc_begin_allocate_to_pool` or
+ * `npualloc_route_stream_to_pool`; after the capture ended) and the capture mark the
+ * begin made; once no capture is underway, frees made during the capture record their
+ * events. Adds or drops no use. NPUALLOC_ERR_INVALID_STATE if no stream routes to the
+ * pool.
  */
 int npualloc_end_allocate_to_pool(int device, uint64_t id_hi, uint64_t id_lo);
 
 /**
- * Drops one use of the pool (when its graph is released); once unused, its cached
- * memory goes back to the device at the next cache release.
+ * Drops one use of the pool (torch's `releasePool`, when a graph or MemPool using it
+ * goes); at no use left, its cached memory goes back to the device at the next cache
+ * release once nothing in it is allocated, and the pool id may be used again. A pool
+ * with no use left gives NPUALLOC_ERR_UNKNOWN_POOL.
  */
 int npualloc_release_pool(int device, uint64_t id_hi, uint64_t id_lo);
 
@@ -445,6 +692,39 @@ int npualloc_release_pool(int device, uint64_t id_hi, uint64_t id_lo);
  * thread; copy it to keep it. A successful call does not clear it.
  */
 const char *npualloc_last_error(void);
+
+/**
+ * Remembers `work` (an opaque, non-NULL id of the collective) as the last work that
+ * used the live allocation `ptr` (torch_npu's `recordHcclWorkForBlock`). Forgotten
+ * when the allocation's free completes. An unknown pointer gives
+ * NPUALLOC_ERR_UNKNOWN_POINTER.
+ */
+int npualloc_record_hccl_work(void *ptr, void *work);
+
+/**
+ * torch_npu's `eraseStream(ptr, stream)`: forgets the use of `stream` by the live
+ * allocation `ptr` only if the allocation was made on `current_stream` (the caller's
+ * current stream, which now waits for `stream`'s work); otherwise nothing changes. An
+ * unknown pointer gives NPUALLOC_ERR_UNKNOWN_POINTER.
+ */
+int npualloc_erase_stream_on_current(void *ptr, npualloc_stream stream, npualloc_stream current_stream);
+
+/**
+ * torch_npu's `eraseStreamWithBlockPtr(block, stream, work)`: if the allocation at
+ * `ptr` (live, or freed and waiting for other streams) belongs to `current_stream`
+ * (the caller's current stream, which now waits for the work) and `work` is the last
+ * work recorded for it, its use on `stream` is erased: a pending free stops waiting
+ * for `stream` (and completes if nothing else is left). Otherwise nothing changes, as
+ * in torch_npu: the memory was reused, or another work used it since. `work` NULL gives
+ * NPUALLOC_ERR_INVALID_ARGUMENT.
+ */
+int npualloc_erase_stream_for_work(void *ptr, npualloc_stream stream, void *work, npualloc_stream current_stream);
+
+/**
+ * Sets the callback told of every allocator event on every device (for torch's
+ * `_record_memory_history`); NULL removes it. Any time; `ctx` is passed back.
+ */
+int npualloc_set_trace_callback(npualloc_trace_callback callback, void *ctx);
 
 /**
  * Opens an mstx range named `message` on `stream` and stores its id in `*out_id`
@@ -465,6 +745,157 @@ int npualloc_mstx_range_end(uint64_t id);
  * be non-empty, without NUL, at most 255 bytes, whether or not the library is loaded.
  */
 int npualloc_mstx_mark(const char *message, npualloc_stream stream);
+
+/**
+ * Adds a use of pool (`id_hi`, `id_lo`) on `device`, creating the pool (torch's
+ * `createOrIncrefPool`, e.g. for `torch.npu.MemPool`). (0, 0) is reserved:
+ * NPUALLOC_ERR_INVALID_ARGUMENT.
+ */
+int npualloc_pool_incref(int device, uint64_t id_hi, uint64_t id_lo);
+
+/**
+ * The core side of torch's `beginAllocateToPool(device, pool, filter)`: adds a use
+ * of the pool (creating it) and prepares `stream` (the current stream, about to be
+ * captured) for a capture: blocks lent to it are settled, so that no event is ever
+ * recorded on it while it captures. Routes nothing: the caller evaluates its filters
+ * and sends each matching request to `npualloc_malloc_in_pool`.
+ */
+int npualloc_pool_begin(int device, uint64_t id_hi, uint64_t id_lo, npualloc_stream stream);
+
+/**
+ * Stores the pool's use count in `*out` (torch's `getPoolUseCount`): 0 for a pool
+ * that is not live (never created, or every use released).
+ */
+int npualloc_pool_use_count(int device, uint64_t id_hi, uint64_t id_lo, int64_t *out);
+
+/**
+ * Routes allocations on `stream` to the live pool until (one call of)
+ * `npualloc_end_allocate_to_pool`, adding no use and marking no capture (a route
+ * without a capture: graph trees' warm-up, `use_mem_pool`). A pool that is not live
+ * gives NPUALLOC_ERR_UNKNOWN_POOL; a stream already routed NPUALLOC_ERR_INVALID_STATE.
+ */
+int npualloc_route_stream_to_pool(int device, uint64_t id_hi, uint64_t id_lo, npualloc_stream stream);
+
+/**
+ * Allocates `size` bytes on `device` for use on `stream` from the live pool (the
+ * caller's `beginAllocateToPool` filter accepted the request), whatever `stream`
+ * routes to. Returns NULL on failure (a pool that is not live, out of memory: the
+ * reason in `npualloc_last_error()`); `size` 0 returns NULL and is not a failure.
+ * The pointer is freed with `npualloc_free`.
+ */
+void *npualloc_malloc_in_pool(size_t size, int device, npualloc_stream stream, uint64_t id_hi, uint64_t id_lo);
+
+/**
+ * A graph capture begins on `device` (torch_npu's `markCaptureBegin`, called once the
+ * runtime's capture started): until the matching `npualloc_capture_end`, npualloc
+ * makes no event query, record or synchronisation and no device free on the device,
+ * lends no block across streams, and defers the events of frees of blocks used on
+ * other streams.
+ */
+int npualloc_capture_begin(int device);
+
+/**
+ * A graph capture on `device` ended (torch_npu's `markCaptureEnd`). When no capture
+ * is left underway, the frees deferred meanwhile record their events (for the streams
+ * recorded before the capture; uses recorded during it are captured work). Without a
+ * capture underway: NPUALLOC_ERR_INVALID_STATE.
+ */
+int npualloc_capture_end(int device);
+
+/**
+ * Stores in `*out` whether a graph capture is underway on `device` (torch_npu's
+ * `hasCapturesUnderway`).
+ */
+int npualloc_captures_underway(int device, bool *out);
+
+/**
+ * Checkpoints the live pool (torch's `getCheckpointState`): every segment of the
+ * pool on every stream, with its blocks. Stores a new state in `*out` (owned by the
+ * caller: free it with `npualloc_pool_state_destroy`). A pool that is not live gives
+ * NPUALLOC_ERR_UNKNOWN_POOL; one with frees still waiting for other streams' work
+ * NPUALLOC_ERR_INVALID_STATE; one with expandable segments NPUALLOC_ERR_UNSUPPORTED.
+ */
+int npualloc_pool_checkpoint(int device, uint64_t id_hi, uint64_t id_lo, npualloc_pool_state **out);
+
+/**
+ * Reads a checkpoint: stores its blocks (all segments', in address order; owned by
+ * `state`, valid until it is destroyed) in `*blocks` and their number in `*count`,
+ * and the number of segments in `*segments` (if not NULL).
+ */
+int npualloc_pool_state_blocks(const npualloc_pool_state *state, const npualloc_block_state **blocks, size_t *count, size_t *segments);
+
+/**
+ * Frees a checkpoint made by `npualloc_pool_checkpoint`; NULL is ignored.
+ */
+void npualloc_pool_state_destroy(npualloc_pool_state *state);
+
+/**
+ * Restores the pool of `state` to it (torch's `setCheckpointPoolState`): frees every
+ * allocation of the pool now, re-carves each checkpointed segment into exactly its
+ * checkpointed blocks (same addresses: captured graphs have them baked in), and makes
+ * the blocks allocated at the checkpoint live allocations again, counted in the
+ * statistics as allocations. Then, with no lock held, calls `on_freed` for each freed
+ * address and `on_allocated` for each new allocation (either may be NULL; an address
+ * may come in both). The callbacks must not throw. Fails with nothing changed: a
+ * `device` other than the state's (NPUALLOC_ERR_INVALID_ARGUMENT), a pool that is not
+ * live (NPUALLOC_ERR_UNKNOWN_POOL), a checkpointed segment no longer in the pool, a
+ * free of the pool still waiting for another stream, an allocation of the pool
+ * recorded on another stream outside a capture (NPUALLOC_ERR_INVALID_STATE).
+ */
+int npualloc_pool_restore(int device, const npualloc_pool_state *state, npualloc_restore_freed on_freed, npualloc_restore_allocated on_allocated, void *ctx);
+
+/**
+ * Stores in `*equal` whether the pool's live allocations are exactly the `n`
+ * addresses `ptrs` (torch's `checkPoolLiveAllocations`; duplicates count once).
+ * `ptrs` may be NULL when `n` is 0. A pool neither live nor holding memory gives
+ * NPUALLOC_ERR_UNKNOWN_POOL.
+ */
+int npualloc_pool_check_live(int device, uint64_t id_hi, uint64_t id_lo, void *const *ptrs, size_t n, bool *equal);
+
+/**
+ * Releases the cached segments of one pool (torch's `emptyCache(mempool_id)`): a pool
+ * that is no longer live gives back its whole free segments after waiting for its own
+ * pending frees; a live pool keeps them. (0, 0) is the whole device's cache
+ * (`npualloc_empty_cache_device`). Nothing happens while a capture is underway.
+ */
+int npualloc_empty_cache_pool(int device, uint64_t id_hi, uint64_t id_lo);
+
+/**
+ * Stores the bytes of every cached free block of `device` (all streams and pools) in
+ * `*cached_and_free` and the largest one in `*largest_block` (torch's `cacheInfo`).
+ */
+int npualloc_cache_info(int device, size_t *cached_and_free, size_t *largest_block);
+
+/**
+ * Stores the memory fraction of `device` in `*out` (torch's `getMemoryFraction`): the
+ * cap set by `npualloc_set_memory_fraction` or `per_process_memory_fraction` over the
+ * device's total memory, 1.0 when none is set.
+ */
+int npualloc_get_memory_fraction(int device, double *out);
+
+/**
+ * Zeroes the accumulated statistics of `device` (`allocated` and `freed` counts, the
+ * event counters; torch's `resetAccumulatedStats`); current values and peaks stay.
+ */
+int npualloc_reset_accumulated_stats(int device);
+
+/**
+ * Takes a snapshot of `device`'s segments (torch's `snapshot(mempool_id)`): those of
+ * pool (`id_hi`, `id_lo`) only, or every segment for (0, 0); in address order, each
+ * with its blocks. Stores it in `*out` (free it with `npualloc_snapshot_destroy`).
+ */
+int npualloc_snapshot_take(int device, uint64_t id_hi, uint64_t id_lo, npualloc_snapshot **out);
+
+/**
+ * Reads a snapshot: its segments and blocks (owned by `snapshot`, valid until it is
+ * destroyed) and their numbers. Any out-pointer may be NULL when not wanted.
+ */
+int npualloc_snapshot_read(const npualloc_snapshot *snapshot, const npualloc_segment_info **segments, size_t *segment_count, const npualloc_block_info **blocks, size_t *block_count);
+
+/**
+ * Frees a snapshot made by `npualloc_snapshot_take`; NULL is ignored.
+ */
+void npualloc_snapshot_destroy(npualloc_snapshot *snapshot);
 
 /**
  * Test-only: creates a simulated stream on `device` and stores it in `*out`.

@@ -12,6 +12,10 @@
 # communication stream under a memory fraction beside PyTorch's (pressure-* modes).
 # Results of the runs so far: README.md, "Run on an NVIDIA H200" and the two after it.
 #
+# npualloc.install_cuda() supports torch 2.14 (the CUDAAllocator interface changes between
+# minor versions): pip install torch==2.14.0 there first; other versions fail every
+# npualloc mode with that message. The compile-* modes (torch.compile, reduce-overhead)
+# also need triton (it comes with torch's CUDA wheels) and a C compiler.
 # The GPU machine has PyTorch but no Rust toolchain: build the library where Rust is
 # (`cargo build --release -p npualloc-ffi`) and carry target/release/libnpualloc.so
 # there with the repository (or point NPUALLOC_LIB at it). This script never builds.

@@ -35,6 +35,7 @@ cc -std=c11 "${flags[@]}" tests/c/test_mstx.c "${link[@]}" -o "$out/mstx"
 cc -std=c11 "${flags[@]}" tests/c/test_expandable.c "${link[@]}" -o "$out/expandable"
 cc -std=c11 "${flags[@]}" tests/c/test_no_vm.c "${link[@]}" -o "$out/no_vm"
 cc -std=c11 "${flags[@]}" tests/c/test_summary.c "${link[@]}" -o "$out/summary"
+cc -std=c11 "${flags[@]}" tests/c/test_pools.c "${link[@]}" -o "$out/pools"
 cc -shared -fPIC -O1 -fvisibility=hidden -Wall -Wextra -Werror ${san[@]+"${san[@]}"} tests/fake_mstx/fake_mstx.c -lpthread -o "$out/libms_tools_ext.so"
 # The static library links too.
 cc -std=c11 "${flags[@]}" tests/c/test_abi.c "$lib/libnpualloc.a" -lpthread -ldl -lm -o "$out/abi_static"
@@ -51,6 +52,7 @@ run_suite() {
   NPUALLOC_MSTX_LIB="$out/libms_tools_ext.so" "$out/mstx"
   "$out/expandable" "$out/expandable.json"
   "$out/summary"
+  "$out/pools"
 }
 
 echo "-- sim backend --"

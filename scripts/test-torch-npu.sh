@@ -19,8 +19,14 @@ repo=$PWD
 
 TORCH_VERSION=2.14.0
 TORCH_NPU_VERSION=2.14.0
+# What the venv holds besides the two wheels: ninja for torch.utils.cpp_extension, numpy
+# and pyyaml for torch, protobuf (torchair checks its version at import) and packaging
+# (torchair's version checks). The venv's folder is keyed by this list, so a change to it
+# installs a fresh venv beside an older one instead of altering it.
+EXTRA_PACKAGES=(ninja numpy pyyaml protobuf packaging)
 cache="${NPUALLOC_CACHE:-$HOME/.cache/npualloc}"
-venv="$cache/torch_npu-$TORCH_NPU_VERSION-torch-$TORCH_VERSION-cp311"
+key=$(printf '%s\n' "${EXTRA_PACKAGES[@]}" | sha256sum | cut -c1-8)
+venv="$cache/torch_npu-$TORCH_NPU_VERSION-torch-$TORCH_VERSION-cp311-$key"
 
 py311=$(command -v python3.11 || true)
 if [ -z "$py311" ] && python3 -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; then
@@ -37,9 +43,9 @@ if [ ! -f "$venv/.complete" ]; then
   mkdir -p "$cache"
   "$py311" -m venv "$venv"
   # torch's own requirements (its CUDA libraries included: torch from PyPI is the CUDA
-  # build and does not import without them), ninja for torch.utils.cpp_extension.
+  # build and does not import without them) and EXTRA_PACKAGES.
   if ! "$venv/bin/pip" install -q --disable-pip-version-check \
-      "torch==$TORCH_VERSION" "torch_npu==$TORCH_NPU_VERSION" ninja numpy pyyaml; then
+      "torch==$TORCH_VERSION" "torch_npu==$TORCH_NPU_VERSION" "${EXTRA_PACKAGES[@]}"; then
     echo "test-torch-npu: FAILED to fetch torch==$TORCH_VERSION / torch_npu==$TORCH_NPU_VERSION" \
          "from the package index; these tests need them (about 6 GB installed)" >&2
     rm -rf "$venv"
@@ -47,6 +53,23 @@ if [ ! -f "$venv/.complete" ]; then
   fi
   touch "$venv/.complete"
 fi
+# The CUDA runtime's crt/ headers (cuda_runtime.h includes crt/host_config.h): torch's
+# CUDA wheels bring cuda_runtime_api.h (nvidia-cuda-runtime) but not crt/, which
+# npualloc.install_cuda()'s shim needs to compile against torch's CUDAAllocator header
+# (the cuda_shim scenario). A small wheel, in its own cached folder beside the venv.
+CUDA_CRT_VERSION=13.0.88
+crt="$cache/nvidia-cuda-crt-$CUDA_CRT_VERSION"
+if [ ! -f "$crt/.complete" ]; then
+  rm -rf "$crt"
+  if ! "$venv/bin/pip" install -q --disable-pip-version-check --no-deps --target "$crt" \
+      "nvidia-cuda-crt==$CUDA_CRT_VERSION"; then
+    echo "test-torch-npu: FAILED to fetch nvidia-cuda-crt==$CUDA_CRT_VERSION from the package index" >&2
+    rm -rf "$crt"
+    exit 1
+  fi
+  touch "$crt/.complete"
+fi
+export NPUALLOC_CUDA_INCLUDE="$crt/nvidia/cu13/include"
 if [ "${1:-}" = "--install-only" ]; then
   echo "torch $TORCH_VERSION + torch_npu $TORCH_NPU_VERSION ready in $venv"
   exit 0
@@ -64,8 +87,10 @@ export PATH="$venv/bin:$PATH"
 export NPUALLOC_LIB="$repo/target/debug/libnpualloc.so"
 export NPUALLOC_BIN="$repo/target/debug/npualloc"
 export TORCH_NPU_STANDIN="$standin"
-# The shim is compiled once per source/flags and kept here between runs.
-export TORCH_EXTENSIONS_DIR="$cache/torch_extensions-$TORCH_NPU_VERSION"
+# The shim is compiled once per source/flags and kept here between runs, one folder per
+# checkout: checkouts with different shim sources would otherwise rebuild each other's.
+checkout_key=$(printf '%s' "$repo" | sha256sum | cut -c1-8)
+export TORCH_EXTENSIONS_DIR="$cache/torch_extensions-$TORCH_NPU_VERSION-$checkout_key"
 export MAX_JOBS=1
 if [ "${1:-}" = "--anchor" ]; then
   shift

@@ -1,22 +1,26 @@
 //! Allocator settings, parsed from PyTorch's `key:value,key:value` syntax
-//! (`NPUALLOC_CONF`, `PYTORCH_NPU_ALLOC_CONF`).
+//! (`NPUALLOC_CONF`, `PYTORCH_NPU_ALLOC_CONF`), resolved once into the allocator's
+//! [`Policy`](crate::policy::Policy) (which says which combinations are supported).
 //!
 //! Supported keys: `max_split_size_mb`, `max_non_split_rounding_mb`,
 //! `roundup_power2_divisions` (one power of two, or a list
 //! `[256:1,512:2,>:4]` keyed by MiB intervals), `garbage_collection_threshold`,
 //! `expandable_segments`, `large_segment_size_mb`, `small_segment_size_mb`,
-//! `page_size` (`1g`), and npualloc's own `reclaim_before_growth`, `adaptive_segments`,
-//! `hot_cache`, `lend_segments`, `lend_blocks` and `wait_before_growth` (all `False`
-//! gives PyTorch's policy exactly), `reserve_budget_mb` (a soft ceiling on reserved
-//! memory, off by default) and `request_padding` (bytes added to every request before
-//! rounding; [`TORCH_NPU_POLICY`] sets torch_npu's 32) and `base_addr_aligned_kb`
-//! (torch_npu's head split with expandable segments, off by default; the preset sets
-//! torch_npu's 16), and `expandable_best_fit` (PyTorch's best fit with expandable
-//! segments, which npualloc's default leaves out: on in both presets),
-//! `adaptive_pages` (expandable large-pool pages scaled to the workload, off by
-//! default and in both presets), `address_ties` (best fit's ties by address, as
-//! PyTorch's: on in both presets; off by default, ties by segment age and offset, the
-//! same on every device), and `exact_stats` (exact device-wide peaks with several streams, on by default).
+//! `page_size` (`1g`); npualloc's own rules, each `True` by default and one behaviour
+//! (see [`Policy`](crate::policy::Policy)): `reclaim_before_growth`,
+//! `adaptive_segments`, `keep_whole`, `hot_cache`, `lazy_merge`, `lend_segments`,
+//! `lend_blocks`, `pressure_wait`, `release_clean`, `sync_per_stream`, `look_again`,
+//! `small_spill` (`wait_before_growth` sets the last five at once: npualloc's path at
+//! the end of a miss); `reserve_budget_mb` (a soft ceiling on reserved memory, off by
+//! default) and `request_padding` (bytes added to every request before rounding;
+//! [`TORCH_NPU_POLICY`] sets torch_npu's 32) and `base_addr_aligned_kb` (torch_npu's
+//! head split with expandable segments, off by default; the preset sets torch_npu's
+//! 16), and `expandable_best_fit` (PyTorch's best fit with expandable segments, which
+//! npualloc's default leaves out: on in both presets), `adaptive_pages` (expandable
+//! large-pool pages scaled to the workload, off by default and in both presets),
+//! `address_ties` (best fit's ties by address, as PyTorch's: on in both presets; off
+//! by default, ties by segment age and offset, the same on every device), and
+//! `exact_stats` (exact device-wide peaks with several streams, on by default).
 //! `Config::parse_torch_npu` reads `PYTORCH_NPU_ALLOC_CONF` as torch_npu 2.14
 //! does: every key torch_npu accepts is accepted (equivalents honoured, the rest listed
 //! as ignored).
@@ -26,7 +30,7 @@ use crate::error::Error;
 pub mod suggest;
 
 /// Every key [`Config::parse`] reads, for "did you mean" in its errors.
-pub const KEYS: [&str; 21] = [
+pub const KEYS: [&str; 28] = [
     "max_split_size_mb",
     "max_non_split_rounding_mb",
     "garbage_collection_threshold",
@@ -43,6 +47,13 @@ pub const KEYS: [&str; 21] = [
     "lend_blocks",
     "request_padding",
     "wait_before_growth",
+    "keep_whole",
+    "lazy_merge",
+    "pressure_wait",
+    "release_clean",
+    "sync_per_stream",
+    "look_again",
+    "small_spill",
     "expandable_best_fit",
     "adaptive_pages",
     "address_ties",
@@ -129,17 +140,26 @@ pub struct Config {
     /// (`request_padding:32`); the device's own padding (`Device::request_padding`) is
     /// not added to it: the larger of the two applies.
     pub request_padding: usize,
-    /// Under memory pressure (growth would pass the capacity, the memory fraction or
-    /// `reserve_budget`), make the allocating stream wait on the device for the event
-    /// of a pending free that fits instead of growing or synchronising the host
-    /// (npualloc's addition, `shard/pressure.rs`; `False` gives PyTorch's path).
-    pub wait_before_growth: bool,
+    /// npualloc's keep-whole rule (`Policy::keep_whole`; needs `adaptive_segments`).
+    pub keep_whole: bool,
+    /// npualloc's lazy merge (`Policy::lazy_merge`; a speed rule only).
+    pub lazy_merge: bool,
+    /// npualloc's device-side wait for a pending free (`Policy::pressure_wait`).
+    pub pressure_wait: bool,
+    /// npualloc's release of clean segments first (`Policy::release_clean`).
+    pub release_clean: bool,
+    /// npualloc's one host sync per stream (`Policy::sync_per_stream`).
+    pub sync_per_stream: bool,
+    /// npualloc's second look after the last release (`Policy::look_again`).
+    pub look_again: bool,
+    /// npualloc's small spill into the large pool (`Policy::small_spill`).
+    pub small_spill: bool,
     /// With expandable segments, best fit counts a free block at the end of a run of
     /// mapped pages as the bytes it can grow to (its own plus the unmapped pages after
     /// it), so a request takes a larger block elsewhere first: PyTorch's and
     /// torch_npu's rule, on in [`PYTORCH_POLICY`] and [`TORCH_NPU_POLICY`]
     /// (`expandable_best_fit:True`). Off by default: the smallest block that fits,
-    /// growable or not (the figures of `benches/README.md` were measured so).
+    /// growable or not (decision 022).
     pub expandable_best_fit: bool,
     /// With expandable segments, the large pool's page (mapping granule) scales with
     /// the workload: 2 MiB doubling up to `large_segment_size_mb`, at most 1/256 of the
@@ -162,12 +182,12 @@ pub struct Config {
     /// lowest offset in it, the same on every device (Note [Places], `pool/block.rs`).
     pub address_ties: bool,
     /// A soft ceiling on reserved bytes (`reserve_budget_mb`): growth past it first tries
-    /// a device-side wait for a pending free (with `wait_before_growth`), then grows
+    /// a device-side wait for a pending free (with `pressure_wait`), then grows
     /// anyway. `None` (the default): no budget.
     pub reserve_budget: Option<usize>,
     /// Device-wide statistics exact with several streams (the default, as PyTorch's):
     /// from the second stream on, shards log their changes to statistics with a peak
-    /// (`allocator/totals.rs`). `False` (`exact_stats:False`): no logs; with several
+    /// (`allocator/accounting/totals.rs`). `False` (`exact_stats:False`): no logs; with several
     /// streams the aggregate peaks other than reserved bytes are then the larger of
     /// each stream's peak and the sum of current values (a lower bound), for the
     /// throughput of several threads on their own streams.
@@ -194,7 +214,13 @@ impl Default for Config {
             address_ties: false,
             expandable_best_fit: false,
             adaptive_pages: false,
-            wait_before_growth: true,
+            keep_whole: true,
+            lazy_merge: true,
+            pressure_wait: true,
+            release_clean: true,
+            sync_per_stream: true,
+            look_again: true,
+            small_spill: true,
             reserve_budget: None,
             exact_stats: true,
         }
@@ -280,6 +306,8 @@ impl Config {
     /// Parses a settings string; an empty string gives the defaults.
     pub fn parse(s: &str) -> Result<Config, Error> {
         let mut cfg = Config::default();
+        // npualloc's rules named True, checked against the combinations that apply.
+        let mut named: Vec<&str> = Vec::new();
         let s: String = s.chars().filter(|c| !c.is_whitespace()).collect();
         for item in split_top_level(&s) {
             if item.is_empty() {
@@ -288,6 +316,14 @@ impl Config {
             let (key, value) = item
                 .split_once(':')
                 .ok_or_else(|| Error::InvalidConfig(suggest::not_key_value(item, &KEYS)))?;
+            if let Some(rule) = cfg.rule_mut(key) {
+                *rule = parse_bool(key, value)?;
+                named.retain(|&k| k != key);
+                if *rule {
+                    named.push(key);
+                }
+                continue;
+            }
             match key {
                 "max_split_size_mb" => {
                     cfg.max_split_size = parse_mb(key, value, 20)?;
@@ -319,9 +355,6 @@ impl Config {
                 "exact_stats" => {
                     cfg.exact_stats = parse_bool(key, value)?;
                 }
-                "lend_segments" => {
-                    cfg.lend_segments = parse_bool(key, value)?;
-                }
                 "lend_blocks" => {
                     cfg.lend_blocks = parse_bool(key, value)?;
                 }
@@ -339,7 +372,9 @@ impl Config {
                     cfg.request_padding = n;
                 }
                 "wait_before_growth" => {
-                    cfg.wait_before_growth = parse_bool(key, value)?;
+                    let on = parse_bool(key, value)?;
+                    (cfg.pressure_wait, cfg.release_clean, cfg.sync_per_stream) = (on, on, on);
+                    (cfg.look_again, cfg.small_spill) = (on, on);
                 }
                 "expandable_best_fit" => {
                     cfg.expandable_best_fit = parse_bool(key, value)?;
@@ -377,6 +412,7 @@ impl Config {
                 }
             }
         }
+        cfg.check_rules(&named)?;
         if cfg.expandable_segments {
             if cfg.max_split_size != usize::MAX {
                 return Err(Error::InvalidConfig(
@@ -395,6 +431,45 @@ impl Config {
             }
         }
         Ok(cfg)
+    }
+
+    /// The switch of one of npualloc's rules, by key.
+    fn rule_mut(&mut self, key: &str) -> Option<&mut bool> {
+        Some(match key {
+            "keep_whole" => &mut self.keep_whole,
+            "lazy_merge" => &mut self.lazy_merge,
+            "lend_segments" => &mut self.lend_segments,
+            "pressure_wait" => &mut self.pressure_wait,
+            "release_clean" => &mut self.release_clean,
+            "sync_per_stream" => &mut self.sync_per_stream,
+            "look_again" => &mut self.look_again,
+            "small_spill" => &mut self.small_spill,
+            _ => return None,
+        })
+    }
+
+    /// Refuses a rule named `True` (`named`) where it does not apply
+    /// ([`Policy`](crate::policy::Policy)'s dependencies).
+    fn check_rules(&self, named: &[&str]) -> Result<(), Error> {
+        let ordinary = [
+            "lend_segments",
+            "keep_whole",
+            "pressure_wait",
+            "release_clean",
+        ];
+        let why = match named
+            .iter()
+            .find(|k| ordinary.contains(k) || **k == "small_spill")
+        {
+            Some(k) if self.expandable_segments => format!("{k}:True needs ordinary segments"),
+            _ if named.contains(&"keep_whole") && !self.adaptive_segments => {
+                "keep_whole:True needs adaptive_segments:True (its growth takes the \
+                 request's own size, which only adaptive sizing gives)"
+                    .into()
+            }
+            _ => return Ok(()),
+        };
+        Err(Error::InvalidConfig(why))
     }
 
     /// Page size of expandable segments of `kind`.
@@ -568,218 +643,4 @@ impl Config {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn accepts_every_torch_npu_key() {
-        let t = Config::parse_torch_npu(
-            "expandable_segments:True,base_addr_aligned_kb:16,segment_size_mb:40,\
-             per_process_memory_fraction:0.5,pinned_use_background_threads:True,\
-             pinned_max_round_threshold_mb:4,pinned_max_cached_size_mb:64,\
-             pin_memory_expandable_segments:False,pinned_mem_register:False,\
-             pinned_reserve_segment_size_mb:8,multi_stream_lazy_reclaim:True,\
-             release_lock_on_npumalloc:True,throw_on_npumalloc_oom:False,page_size:1g",
-        )
-        .unwrap();
-        assert!(t.config.expandable_segments);
-        assert_eq!(t.config.large_page, 1 << 30); // page_size after segment_size_mb
-        assert_eq!(t.memory_fraction, Some(0.5));
-        assert_eq!(t.ignored.len(), 10);
-        assert_eq!(t.ignored[0], "base_addr_aligned_kb");
-        let t = Config::parse_torch_npu("segment_size_mb:40").unwrap();
-        assert_eq!(t.config.large_page, 40 * MIB);
-        assert_eq!(t.config, Config::parse("large_segment_size_mb:40").unwrap());
-    }
-
-    #[test]
-    fn refuses_what_torch_npu_refuses() {
-        for bad in [
-            "base_addr_aligned_kb:17",
-            "base_addr_aligned_kb:x",
-            "per_process_memory_fraction:1.5",
-            "multi_stream_lazy_reclaim:yes",
-            "segment_size_mb:10",
-            "no_such_key:1",
-            "expandable_segments:True,max_split_size_mb:128",
-        ] {
-            let e = Config::parse_torch_npu(bad).unwrap_err().to_string();
-            let key = bad.split(':').next().unwrap();
-            assert!(
-                e.contains(key) || e.contains("max_split_size_mb"),
-                "{bad}: {e}"
-            );
-        }
-    }
-
-    #[test]
-    fn defaults_from_empty_string() {
-        assert_eq!(Config::parse("").unwrap(), Config::default());
-        assert_eq!(Config::default().max_split_size, usize::MAX);
-    }
-
-    #[test]
-    fn parses_pytorch_syntax() {
-        let c = Config::parse(
-            "max_split_size_mb:128, roundup_power2_divisions:4,garbage_collection_threshold:0.8",
-        )
-        .unwrap();
-        assert_eq!(c.max_split_size, 128 * MIB);
-        assert_eq!(c.divisions_for(3 * MIB), 4);
-        assert!((c.garbage_collection_threshold - 0.8).abs() < 1e-12);
-        assert!(c.reclaim_before_growth);
-        assert!(
-            !Config::parse("reclaim_before_growth:False")
-                .unwrap()
-                .reclaim_before_growth
-        );
-    }
-
-    #[test]
-    fn pytorch_policy_turns_off_every_addition() {
-        let c = Config::parse(PYTORCH_POLICY).unwrap();
-        assert!(!c.reclaim_before_growth && !c.adaptive_segments);
-        assert!(!c.hot_cache && !c.lend_segments && !c.lend_blocks);
-        assert!(!c.wait_before_growth && c.reserve_budget.is_none());
-        let d = Config::default();
-        assert!(d.reclaim_before_growth && d.adaptive_segments && d.hot_cache && d.lend_segments);
-        assert!(d.lend_blocks);
-        // PyTorch's best fit with expandable segments, which npualloc's default lacks,
-        // and its ties by address.
-        assert!(c.expandable_best_fit && !d.expandable_best_fit);
-        assert!(c.address_ties && !d.address_ties);
-        // Everything else PyTorch itself has keeps its default.
-        assert_eq!(
-            Config {
-                reclaim_before_growth: true,
-                adaptive_segments: true,
-                hot_cache: true,
-                lend_segments: true,
-                lend_blocks: true,
-                wait_before_growth: true,
-                expandable_best_fit: false,
-                address_ties: false,
-                ..c
-            },
-            d
-        );
-    }
-
-    #[test]
-    fn torch_npu_policy_is_pytorch_policy_padded_and_head_aligned() {
-        let t = Config::parse(TORCH_NPU_POLICY).unwrap();
-        assert_eq!(t.request_padding, TORCH_NPU_PADDING);
-        assert_eq!(t.base_addr_align, 16 << 10);
-        assert_eq!(
-            Config {
-                request_padding: 0,
-                base_addr_align: 0,
-                ..t
-            },
-            Config::parse(PYTORCH_POLICY).unwrap()
-        );
-        assert_eq!(Config::default().request_padding, 0);
-        assert!(Config::parse("request_padding:4097").is_err());
-        assert!(Config::parse("request_padding:-1").is_err());
-        // torch_npu's range, in KiB; off by default.
-        assert_eq!(Config::default().base_addr_align, 0);
-        assert_eq!(
-            Config::parse("base_addr_aligned_kb:4")
-                .unwrap()
-                .base_addr_align,
-            4096
-        );
-        assert!(Config::parse("base_addr_aligned_kb:17").is_err());
-        assert!(Config::parse("base_addr_aligned_kb:-1").is_err());
-        assert!(Config::parse("base_addr_aligned_kb:+8").is_err());
-        assert!(Config::parse("base_addr_aligned_kb:016").is_err());
-        assert_eq!(
-            Config::parse("base_addr_aligned_kb:0")
-                .unwrap()
-                .base_addr_align,
-            0
-        );
-    }
-
-    #[test]
-    fn parses_page_sizes() {
-        let c = Config::parse("expandable_segments:True").unwrap();
-        assert!(c.expandable_segments);
-        assert_eq!(c.page_size(crate::pool::PoolKind::Large), 20 * MIB);
-        assert_eq!(c.page_size(crate::pool::PoolKind::Small), 2 * MIB);
-        let c = Config::parse("large_segment_size_mb:64,small_segment_size_mb:4").unwrap();
-        assert_eq!((c.large_page, c.small_page), (64 * MIB, 4 * MIB));
-        assert_eq!(Config::parse("page_size:1g").unwrap().large_page, 1 << 30);
-    }
-
-    #[test]
-    fn parses_division_list() {
-        let c = Config::parse("roundup_power2_divisions:[256:1,512:2,>:8]").unwrap();
-        assert_eq!(c.divisions_for(100 * MIB), 1);
-        assert_eq!(c.divisions_for(600 * MIB), 2);
-        assert_eq!(c.divisions_for(4096 * MIB), 8);
-    }
-
-    #[test]
-    fn the_most_divisions_accepted_round_without_overflow() {
-        let c =
-            Config::parse(&format!("roundup_power2_divisions:{MAX_ROUNDUP_DIVISIONS}")).unwrap();
-        for size in [512, 513, 3 * MIB + 1, (5 << 30) + 7, (64 << 30) + 1] {
-            let r = c.block_size(size).unwrap();
-            assert!(r >= size && r % 512 == 0, "{size} -> {r}");
-        }
-    }
-
-    #[test]
-    fn every_listed_key_is_read_and_typos_get_a_suggestion() {
-        for key in KEYS {
-            let e = Config::parse(&format!("{key}:?")).unwrap_err().to_string();
-            assert!(!e.contains("unrecognized key"), "{key}: {e}");
-        }
-        let e = Config::parse("max_split_size_md:128")
-            .unwrap_err()
-            .to_string();
-        assert!(e.ends_with("; did you mean 'max_split_size_mb'?"), "{e}");
-        let e = Config::parse("max_split_size_mb=128")
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("did you mean 'max_split_size_mb:128'?"), "{e}");
-    }
-
-    #[test]
-    fn rejects_bad_input_naming_the_key() {
-        for (s, needle) in [
-            ("foo:1", "foo"),
-            ("max_split_size_mb:abc", "max_split_size_mb"),
-            ("max_split_size_mb:10", "at least 20"),
-            ("roundup_power2_divisions:3", "power of two"),
-            ("garbage_collection_threshold:1.5", "between 0 and 1"),
-            ("expandable_segments:maybe", "True or False"),
-            ("reclaim_before_growth:yes", "True or False"),
-            ("adaptive_segments:1", "True or False"),
-            ("max_split_size_mb", "key:value"),
-            ("roundup_power2_divisions:[256:1", "closing"),
-            (
-                "roundup_power2_divisions:36028797018963968",
-                "at most 134217728",
-            ),
-            ("roundup_power2_divisions:268435456", "at most 134217728"),
-            ("roundup_power2_divisions:[256:1,>:268435456]", "at most"),
-            ("large_segment_size_mb:3", "multiple of 2 MiB"),
-            ("large_segment_size_mb:2048", "at most 1024"),
-            ("small_segment_size_mb:0", "at least 2"),
-            ("page_size:4k", "1g"),
-            (
-                "expandable_segments:True,max_split_size_mb:40",
-                "max_split_size_mb",
-            ),
-            (
-                "garbage_collection_threshold:0.5,expandable_segments:True",
-                "garbage_collection_threshold",
-            ),
-        ] {
-            let e = Config::parse(s).unwrap_err().to_string();
-            assert!(e.contains(needle), "{s}: {e}");
-        }
-    }
-}
+mod tests;

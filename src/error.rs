@@ -1,6 +1,6 @@
 //! Errors of the caching allocator.
 
-use crate::device::{DeviceError, DevicePtr, StreamHandle};
+use crate::handle::{DeviceError, DevicePtr, MempoolId, StreamHandle};
 
 /// Everything the allocator can report.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -58,6 +58,18 @@ pub enum Error {
     /// changed after the first allocation, ...).
     #[error("invalid state: {0}")]
     InvalidState(String),
+    /// A graph-private pool that is not live (no capture or caller holds a use of it),
+    /// named where one is required.
+    #[error("pool {id:?} is not live (it has no use): {why}")]
+    UnknownPool {
+        /// The pool id.
+        id: MempoolId,
+        /// What could not be done.
+        why: &'static str,
+    },
+    /// A request npualloc cannot honour (the message says which and why).
+    #[error("not supported by npualloc: {0}")]
+    Unsupported(String),
     /// The device runtime failed.
     #[error("device runtime error: {0}")]
     Device(DeviceError),

@@ -61,6 +61,7 @@ pub mod error;
 pub mod handle;
 pub(crate) mod loader;
 pub mod pickle;
+pub mod policy;
 pub(crate) mod pool;
 pub mod profiling;
 #[cfg(feature = "cli")]
@@ -77,5 +78,6 @@ pub use config::Config;
 pub use device::{Device, DeviceError, DeviceIndex, DevicePtr, EventHandle, StreamHandle};
 pub use error::Error;
 pub use handle::MempoolId;
+pub use policy::{Policy, Regime};
 pub use pool::PoolKind;
 pub use stats::{DeviceStats, PrivatePoolStats, Stat, StatType};

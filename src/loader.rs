@@ -6,7 +6,7 @@ use std::ffi::OsString;
 
 use libloading::Library;
 
-use crate::device::DeviceError;
+use crate::handle::DeviceError;
 
 /// Where a candidate library path came from, for error messages.
 pub(crate) struct Candidate {

@@ -13,7 +13,7 @@
 //! Run: `cargo bench -p npualloc-ffi --bench abi` (builds `libnpualloc.so` with
 //! `cargo build --release -p npualloc-ffi` first). Profiling: `ABI_PROFILE=kind:mix:steps`
 //! (kind `acl`, `sim`, `ref`, `glibc`; mix `issue`, `trace` or a list of sizes such as
-//! `8388608` or `512,4096`) runs only that loop, e.g.
+//! `8388608` or `512,4096`; npualloc's settings from `ABI_CONF`) runs only that loop, e.g.
 //! under `valgrind --tool=callgrind`. See benches/README.md.
 
 mod abi_support;
@@ -213,7 +213,10 @@ fn profile(spec: &str) {
     };
     let mix = &mix[..];
     let steps: u64 = parts.get(2).and_then(|s| s.parse().ok()).unwrap_or(100_000);
-    let a = Allocator::load(kind);
+    // npualloc's settings for the profiled loop (`NPUALLOC_CONF` syntax), e.g. one of its
+    // rules turned off (`scripts/rule_costs.py`).
+    let conf = std::env::var("ABI_CONF").unwrap_or_default();
+    let a = Allocator::load_with_conf(kind, &conf);
     let mut w = Window::new(&a, mix, a.stream(0));
     w.run(4 * mix.len() as u64);
     w.run(steps);

@@ -386,8 +386,11 @@ pub extern "C" fn npualloc_set_oom_observer(observer: npualloc_oom_observer) -> 
 
 /// Routes allocations on `capture_stream` of `device` to the graph-private pool
 /// (`id_hi`, `id_lo`) (torch's `MempoolId_t`; (0, 0) is reserved) until
-/// `npualloc_end_allocate_to_pool`: call it before starting a graph capture. Creates the
-/// pool or adds a use; a stream already routing to a pool gives NPUALLOC_ERR_INVALID_STATE.
+/// `npualloc_end_allocate_to_pool`, and marks a graph capture underway until then: call
+/// it before starting a graph capture. Adds one use of the pool (creating it), which
+/// `npualloc_release_pool` drops; the pool's memory stays while it has a use. It is
+/// `npualloc_pool_begin` + `npualloc_route_stream_to_pool` + `npualloc_capture_begin`
+/// in one call. A stream already routing to a pool gives NPUALLOC_ERR_INVALID_STATE.
 #[no_mangle]
 pub extern "C" fn npualloc_begin_allocate_to_pool(
     device: c_int,
@@ -402,8 +405,11 @@ pub extern "C" fn npualloc_begin_allocate_to_pool(
     })
 }
 
-/// Stops routing to the pool (after the capture ended); frees made during the capture
-/// record their stream events now. NPUALLOC_ERR_INVALID_STATE if nothing routes to it.
+/// Ends one stream route to the pool (one per `npualloc_begin_allocate_to_pool` or
+/// `npualloc_route_stream_to_pool`; after the capture ended) and the capture mark the
+/// begin made; once no capture is underway, frees made during the capture record their
+/// events. Adds or drops no use. NPUALLOC_ERR_INVALID_STATE if no stream routes to the
+/// pool.
 #[no_mangle]
 pub extern "C" fn npualloc_end_allocate_to_pool(device: c_int, id_hi: u64, id_lo: u64) -> c_int {
     code("npualloc_end_allocate_to_pool", || {
@@ -413,8 +419,10 @@ pub extern "C" fn npualloc_end_allocate_to_pool(device: c_int, id_hi: u64, id_lo
     })
 }
 
-/// Drops one use of the pool (when its graph is released); once unused, its cached
-/// memory goes back to the device at the next cache release.
+/// Drops one use of the pool (torch's `releasePool`, when a graph or MemPool using it
+/// goes); at no use left, its cached memory goes back to the device at the next cache
+/// release once nothing in it is allocated, and the pool id may be used again. A pool
+/// with no use left gives NPUALLOC_ERR_UNKNOWN_POOL.
 #[no_mangle]
 pub extern "C" fn npualloc_release_pool(device: c_int, id_hi: u64, id_lo: u64) -> c_int {
     code("npualloc_release_pool", || {

@@ -25,6 +25,11 @@ pub const NPUALLOC_ERR_INVALID_STATE: c_int = 7;
 pub const NPUALLOC_ERR_UNKNOWN_TAG: c_int = 8;
 /// A file could not be written or read.
 pub const NPUALLOC_ERR_IO: c_int = 9;
+/// A graph pool that is not live (never created, or every use released) where one
+/// is required.
+pub const NPUALLOC_ERR_UNKNOWN_POOL: c_int = 10;
+/// A request npualloc cannot honour (the message says which and why).
+pub const NPUALLOC_ERR_UNSUPPORTED: c_int = 11;
 /// An internal panic was caught at the boundary.
 pub const NPUALLOC_ERR_PANIC: c_int = 99;
 
@@ -61,6 +66,8 @@ impl From<Error> for Failure {
             Error::InvalidDevice { .. } => NPUALLOC_ERR_INVALID_DEVICE,
             Error::UnknownTag(_) => NPUALLOC_ERR_UNKNOWN_TAG,
             Error::InvalidState(_) => NPUALLOC_ERR_INVALID_STATE,
+            Error::UnknownPool { .. } => NPUALLOC_ERR_UNKNOWN_POOL,
+            Error::Unsupported(_) => NPUALLOC_ERR_UNSUPPORTED,
             Error::Device(DeviceError::Unavailable(_)) => NPUALLOC_ERR_BACKEND_UNAVAILABLE,
             Error::Device(DeviceError::OutOfMemory { .. }) => NPUALLOC_ERR_OUT_OF_MEMORY,
             Error::Device(_) => NPUALLOC_ERR_RUNTIME,

@@ -16,9 +16,12 @@
 
 mod api;
 mod error;
+mod hccl;
+mod history;
 mod hooks;
 mod mstx;
 mod panic;
+mod pools;
 mod record;
 mod runtime;
 mod sim_api;
@@ -29,8 +32,11 @@ mod types;
 
 pub use api::*;
 pub use error::*;
+pub use hccl::*;
+pub use history::*;
 pub use hooks::npualloc_runtime_hooks;
 pub use mstx::*;
+pub use pools::*;
 pub use sim_api::*;
 pub use summary::*;
 pub use tags::*;

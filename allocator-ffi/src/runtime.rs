@@ -226,9 +226,14 @@ impl Runtime {
         a.attach_oom_observer(call_oom_observer);
         // Another thread may have won the race; its allocator (as yet unused) is kept.
         let _ = self.allocators[d].set(a);
-        Ok(self.allocators[d]
+        let a = self.allocators[d]
             .get()
-            .expect("set by this thread or another"))
+            .expect("set by this thread or another");
+        // After it is published: a tracer set meanwhile reaches it either way.
+        if let Some(t) = crate::history::current() {
+            a.set_tracer(Some(t));
+        }
+        Ok(a)
     }
 
     /// The allocator of `device` if it exists (no creation).

@@ -22,13 +22,15 @@ libraries (tests/torch_npu); not on an NPU (none was available).
 
 import ctypes
 import difflib
+import hashlib
 import json
 import os
 import pickle
 import re
+import sys
 import tempfile
 
-from ._lib import STAT_ARRAYS, DeviceStats, PrivatePoolStats, address, library_path, load
+from ._lib import STAT_ARRAYS, DeviceStats, PrivatePoolStats, address, library_path, load  # noqa: F401
 
 __all__ = ["install", "install_cuda", "memory_stats", "memory_summary", "empty_cache",
            "dump_snapshot", "use_backend", "last_error", "library_path", "load",
@@ -38,6 +40,9 @@ __all__ = ["install", "install_cuda", "memory_stats", "memory_summary", "empty_c
 BACKENDS = ("acl", "sim", "cuda")
 
 _SWAP_TOO_LATE = "Can't swap an already initialized allocator"
+
+# The shim module install() / install_cuda() loaded (tests read its counters).
+_shim = None
 
 
 class NpuallocError(RuntimeError):
@@ -128,7 +133,45 @@ def _include_dir():
     return include
 
 
-def _compile(name, source, lib_path, includes, ldflags, why):
+# The (major, minor) versions whose allocator interfaces the shims are written for:
+# torch_npu's NPUAllocator and torch's CUDAAllocator change between minor versions
+# (methods added, arguments changed), so a shim is built for each; others are refused.
+SUPPORTED_TORCH_NPU = ((2, 14),)
+SUPPORTED_TORCH = ((2, 14),)
+
+
+def _minor(version):
+    """(major, minor) of a version string such as "2.14.0", "2.14.0.post1" or
+    "2.14.0+cu130"; None if it does not start with two numbers."""
+    m = re.match(r"(\d+)\.(\d+)", version or "")
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def _check_version(package, version, supported, why):
+    if _minor(version) in supported:
+        return
+    names = ", ".join("%d.%d" % v for v in supported)
+    raise NpuallocError(
+        "%s supports %s %s only (the allocator interface npualloc's shim implements changes "
+        "between minor versions); this is %s %s" % (why, package, names, package, version))
+
+
+def _shim_name(base, sources, lib_path, versions):
+    """The extension's name: `base` and a hash of everything the build depends on (the
+    shim's sources, npualloc.h, the library it links, the torch versions and where they
+    are installed), so that
+    builds for different checkouts or versions sit side by side in torch's extension
+    cache instead of rebuilding one another."""
+    h = hashlib.sha256()
+    for path in sources + [os.path.join(_include_dir(), "npualloc.h")]:
+        with open(path, "rb") as f:
+            h.update(f.read())
+    h.update(os.path.realpath(lib_path).encode())
+    h.update(repr(versions).encode())
+    return "%s_%s" % (base, h.hexdigest()[:12])
+
+
+def _compile(name, source, lib_path, includes, ldflags, why, versions):
     """Compiles (once, cached by torch under TORCH_EXTENSIONS_DIR) a C++ shim over
     libnpualloc at `lib_path` with torch.utils.cpp_extension; returns the module."""
     from torch.utils import cpp_extension
@@ -139,10 +182,13 @@ def _compile(name, source, lib_path, includes, ldflags, why):
     except RuntimeError as e:
         raise NpuallocError("%s builds a small C++ shim with torch.utils.cpp_extension, "
                             "which needs ninja: pip install ninja" % why) from e
+    csrc = os.path.join(here, "csrc")
+    sources = [os.path.join(csrc, source)]
+    headers = [os.path.join(csrc, "complete_allocator.h")]
     ldflags = [lib_path, "-Wl,-rpath," + os.path.dirname(os.path.abspath(lib_path))] + ldflags
     return cpp_extension.load(
-        name=name,
-        sources=[os.path.join(here, "csrc", source)],
+        name=_shim_name(name, sources + headers, lib_path, versions),
+        sources=sources,
         extra_include_paths=[_include_dir()] + includes,
         extra_cflags=["-std=c++20"],
         extra_ldflags=ldflags,
@@ -151,9 +197,12 @@ def _compile(name, source, lib_path, includes, ldflags, why):
 
 
 def _build_shim(lib_path):
-    """The C++ shim that adapts torch_npu's C++-typed hooks (NPUStream, DeviceStats,
-    MempoolId_t) to the C ABI. Needs a C++20 compiler and ninja (a dependency of this
+    """The C++ shim: npualloc as a subclass of torch_npu's NPUAllocator (csrc/
+    torch_npu_shim.cpp). Needs a C++20 compiler and ninja (a dependency of this
     package)."""
+    import torch
+    import torch_npu
+
     tnpu = _torch_npu_dir()
     # torch_npu's own extension helper (torch_npu.utils.cpp_extension.NpuExtension) uses
     # these two folders; the first also holds the CANN headers (acl/acl_rt.h).
@@ -166,16 +215,54 @@ def _build_shim(lib_path):
         ldflags += ["-L" + os.path.join(ascend, "lib64"), "-lascendcl"]
     # Otherwise the ACL functions resolve through libtorch_npu's own libascendcl.
     return _compile("npualloc_torch_npu_shim", "torch_npu_shim.cpp", lib_path, includes,
-                    ldflags, "npualloc.install()")
+                    ldflags, "npualloc.install()",
+                    (torch.__version__, torch.__file__, torch_npu.__version__, tnpu))
+
+
+_CUDA_HEADERS = ("cuda_runtime_api.h", os.path.join("crt", "host_config.h"))
+
+
+def _cuda_include_dirs():
+    """Folders holding the CUDA runtime headers torch's CUDAAllocator header includes
+    (cuda_runtime_api.h, and crt/host_config.h, which cuda_runtime.h includes): those
+    named by NPUALLOC_CUDA_INCLUDE (os.pathsep-separated), those of the nvidia-* wheels
+    torch depends on (nvidia-cuda-runtime; crt/ comes with nvidia-cuda-crt or
+    nvidia-cuda-nvcc), then CUDA_HOME's. Empty if some header is in none of them."""
+    from torch.utils import cpp_extension
+
+    candidates = [p for p in os.environ.get("NPUALLOC_CUDA_INCLUDE", "").split(os.pathsep) if p]
+    for base in sys.path:
+        nvidia = os.path.join(base or ".", "nvidia")
+        if os.path.isdir(nvidia):
+            candidates += [os.path.join(nvidia, sub, "include") for sub in sorted(os.listdir(nvidia))]
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or cpp_extension.CUDA_HOME
+    if home:
+        candidates.append(os.path.join(home, "include"))
+    found = []
+    for inc in candidates:
+        if inc not in found and any(os.path.isfile(os.path.join(inc, h)) for h in _CUDA_HEADERS):
+            found.append(inc)
+    if not all(any(os.path.isfile(os.path.join(inc, h)) for inc in found) for h in _CUDA_HEADERS):
+        return []
+    return found
 
 
 def _build_cuda_shim(lib_path):
-    """The C++ shim for torch.cuda: its malloc turns a failed npualloc_malloc into
-    torch's error (torch.OutOfMemoryError for out of memory; torch.cuda would use a NULL
-    as an address) and routes streams being captured to their graph's pool; it adapts
-    the graph-pool hooks, whose filter is a C++ std::function."""
-    return _compile("npualloc_cuda_shim", "cuda_shim.cpp", lib_path, [], [],
-                    "npualloc.install_cuda()")
+    """The C++ shim: npualloc as a subclass of torch's CUDAAllocator (csrc/
+    cuda_shim.cpp), built against torch's headers and the CUDA runtime headers."""
+    import torch
+
+    includes = _cuda_include_dirs()
+    if not includes:
+        raise NpuallocError(
+            "npualloc.install_cuda() builds a C++ shim against the CUDA runtime headers "
+            "(%s), not all found in NPUALLOC_CUDA_INCLUDE, the nvidia-* wheels or CUDA_HOME: "
+            "pip install nvidia-cuda-runtime nvidia-cuda-crt (for CUDA %s), or set CUDA_HOME "
+            "to a CUDA toolkit" % (" and ".join(_CUDA_HEADERS), torch.version.cuda))
+    torch_lib = os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), "lib")
+    ldflags = ["-L" + torch_lib, "-lc10_cuda", "-Wl,-rpath," + torch_lib]
+    return _compile("npualloc_cuda_shim", "cuda_shim.cpp", lib_path, includes, ldflags,
+                    "npualloc.install_cuda()", (torch.__version__, torch.__file__, includes))
 
 
 def _set_env(backend, conf):
@@ -185,70 +272,66 @@ def _set_env(backend, conf):
         os.environ["NPUALLOC_CONF"] = conf
 
 
-def _set_common_hooks(alloc, lib, shim, reset_fn):
-    """The hooks torch_npu's and torch.cuda's pluggable allocators take alike: the
-    plain-C ones straight from the C ABI (`reset_fn` names the cache release), the
-    graph-pool ones from the shim (their filter is a C++ std::function)."""
-    alloc.set_init_fn(address(lib, "npualloc_init"))
-    alloc.set_reset_fn(address(lib, reset_fn))
-    alloc.set_memory_fraction_fn(address(lib, "npualloc_set_memory_fraction"))
-    alloc.set_base_alloc_fn(address(lib, "npualloc_base_alloc"))
-    alloc.set_begin_allocate_to_pool(shim.begin_allocate_to_pool_fn())
-    alloc.set_end_allocate_to_pool_fn(shim.end_allocate_to_pool_fn())
-    alloc.set_release_pool(shim.release_pool_fn())
-
-
 def install(backend="acl", conf=None):
-    """Makes npualloc torch_npu's NPU allocator.
+    """Makes npualloc torch_npu's NPU allocator: its complete allocator (a subclass of
+    torch_npu's NPUAllocator), so graph capture, torch_npu's graph trees, torchair's
+    reduce-overhead mode, checkpoints, memory snapshots and history work with it.
 
-    Must run right after `import torch_npu`, before the first NPU allocation. `backend`
-    sets NPUALLOC_BACKEND unless the environment already does; `conf` sets NPUALLOC_CONF
+    Must run right after `import torch_npu`, before the first NPU allocation. Supports
+    torch_npu 2.14 (with torch 2.14); other versions raise NpuallocError. `backend` sets
+    NPUALLOC_BACKEND unless the environment already does; `conf` sets NPUALLOC_CONF
     (PyTorch syntax). Settings come from NPUALLOC_CONF, else from PYTORCH_NPU_ALLOC_CONF
     (keys npualloc does not have are ignored with one warning); a bad setting raises
-    NpuallocError here. Returns the torch_npu NPUPluggableAllocator.
+    NpuallocError here. Returns the installed allocator (torch_npu's _NPUAllocator
+    wrapper, as torch_npu.npu.memory.change_current_allocator takes it).
     """
     _set_env(backend, conf)
-    import torch_npu  # noqa: F401
+    import torch
+    import torch_npu
     from torch_npu.npu import memory as npu_memory
 
+    _check_version("torch_npu", torch_npu.__version__, SUPPORTED_TORCH_NPU, "npualloc.install()")
+    _check_version("torch", torch.__version__, SUPPORTED_TORCH, "npualloc.install()")
     path = library_path()
     lib = load(path)
     shim = _build_shim(path)
-    pluggable = npu_memory.NPUPluggableAllocator(shim.__file__, "npualloc_shim_malloc",
-                                                 "npualloc_shim_free")
-    alloc = pluggable.allocator()
-    _set_common_hooks(alloc, lib, shim, "npualloc_empty_cache")
-    # torch_npu passes NPUStream and DeviceStats: these go through the shim.
-    alloc.set_record_stream_fn(shim.record_stream_fn())
-    alloc.set_erase_stream_fn(shim.erase_stream_fn())
-    alloc.set_get_device_stats_fn(shim.get_device_stats_fn())
-    alloc.set_reset_peak_status_fn(shim.reset_peak_status_fn())
     _check(shim.install_runtime_hooks(), lib)
     # Starts npualloc now: a bad setting or a missing runtime is one error here, rather
     # than a failed allocation later.
     _start(lib)
-    _swap(npu_memory.change_current_allocator, pluggable)
-    return pluggable
+    allocator = npu_memory._NPUAllocator(shim.allocator())
+    _swap(npu_memory.change_current_allocator, allocator)
+    if not shim.set_device_allocator():
+        raise NpuallocError("npualloc.install(): c10::GetAllocator(PrivateUse1) did not take "
+                            "npualloc's allocator")
+    global _shim
+    _shim = shim
+    return allocator
 
 
 def install_cuda(conf=None):
-    """Makes npualloc torch's CUDA allocator (CUDAPluggableAllocator), on the CUDA
-    backend. Must run before CUDA is initialised. Builds a small C++ shim (once) so
-    that out of memory raises torch.OutOfMemoryError. Returns the pluggable allocator."""
+    """Makes npualloc torch's CUDA allocator (a subclass of torch's CUDAAllocator, on
+    npualloc's CUDA backend), so CUDA graphs and torch.compile(mode="reduce-overhead")
+    work with it. Must run before CUDA is initialised. Supports torch 2.14; other
+    versions raise NpuallocError. Builds a C++ shim once (needs the CUDA runtime headers:
+    see _cuda_include_dirs). Returns the installed allocator (torch's _CUDAAllocator
+    wrapper)."""
     _set_env("cuda", conf)
+    import torch
     from torch.cuda import memory as cuda_memory
 
+    _check_version("torch", torch.__version__, SUPPORTED_TORCH, "npualloc.install_cuda()")
     path = library_path()
-    lib = load(path)
+    load(path)
     shim = _build_cuda_shim(path)
-    pluggable = cuda_memory.CUDAPluggableAllocator(shim.__file__, "npualloc_cuda_shim_malloc",
-                                                   "npualloc_cuda_shim_free")
-    alloc = pluggable.allocator()
-    _set_common_hooks(alloc, lib, shim, "npualloc_empty_cache_all")
-    # torch.cuda's record-stream hook takes a plain cudaStream_t: straight to the C ABI.
-    alloc.set_record_stream_fn(address(lib, "npualloc_record_stream"))
-    _swap(cuda_memory.change_current_allocator, pluggable)
-    return pluggable
+    allocator = cuda_memory._CUDAAllocator(shim.allocator())
+    _swap(cuda_memory.change_current_allocator, allocator)
+    if not shim.set_device_allocator():
+        raise NpuallocError("npualloc.install_cuda(): c10::GetAllocator(CUDA) did not take "
+                            "npualloc's allocator")
+    global _shim
+    _shim = shim
+    return allocator
 
 
 def _private_pools(lib, device):

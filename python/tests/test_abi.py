@@ -495,27 +495,47 @@ class Installer(unittest.TestCase):
     def tearDown(self):
         remove_standins()
 
-    def test_install_wires_every_setter(self):
+    def test_install_swaps_in_the_complete_allocator(self):
         log = []
-        install_standins(log, shim_addresses={"record_stream_fn": 0xabc0})
-        npualloc.install(backend="sim")
+        install_standins(log)
+        installed = npualloc.install(backend="sim")
         names = [e[0] for e in log]
-        raw = npualloc.load()
-        # The shim's malloc (graph-pool routing, torch errors) in front of npualloc's.
-        self.assertEqual(log[1], ("customAllocator", standin.FakeShim.__file__,
-                                  "npualloc_shim_malloc", "npualloc_shim_free"))
-        setters = dict(e for e in log if e[0].startswith("set_"))
-        self.assertEqual(setters["set_init_fn"], _lib.address(raw, "npualloc_init"))
-        self.assertEqual(setters["set_reset_fn"], _lib.address(raw, "npualloc_empty_cache"))
-        self.assertEqual(setters["set_memory_fraction_fn"], _lib.address(raw, "npualloc_set_memory_fraction"))
-        self.assertEqual(setters["set_base_alloc_fn"], _lib.address(raw, "npualloc_base_alloc"))
-        self.assertEqual(setters["set_record_stream_fn"], 0xabc0)
-        for s in ("set_erase_stream_fn", "set_get_device_stats_fn", "set_reset_peak_status_fn",
-                  "set_begin_allocate_to_pool", "set_end_allocate_to_pool_fn", "set_release_pool"):
-            self.assertIn(s, setters)
-        self.assertIn("cpp_extension.load", names)
-        self.assertIn("install_runtime_hooks", names)
-        self.assertEqual(names[-1], "change_current_allocator", "the swap must come last")
+        loads = [e for e in log if e[0] == "cpp_extension.load"]
+        self.assertEqual(len(loads), 1)
+        self.assertTrue(loads[0][1].startswith("npualloc_torch_npu_shim_"), loads[0][1])
+        self.assertTrue(loads[0][2][0].endswith("torch_npu_shim.cpp"))
+        self.assertIn("-ltorch_npu", loads[0][3]["extra_ldflags"])
+        # torch_npu's own swap, with the shim's NPUAllocator; then c10's device allocator.
+        swaps = [e for e in log if e[0] == "change_current_allocator"]
+        self.assertEqual(len(swaps), 1)
+        self.assertIs(swaps[0][1], installed)
+        self.assertEqual(installed.allocator().flavour, "npu")
+        self.assertLess(names.index("install_runtime_hooks"), names.index("change_current_allocator"))
+        self.assertEqual(names[-1], "set_device_allocator", "c10::SetAllocator after the swap")
+
+    def test_install_refuses_other_versions(self):
+        for torch_npu_version, torch_version in (("2.13.0", "2.13.0"), ("2.15.0", "2.15.0"),
+                                                 ("2.14.0", "2.13.1"), ("nightly", "2.14.0")):
+            log = []
+            install_standins(log, torch_version=torch_version, torch_npu_version=torch_npu_version)
+            with self.assertRaises(npualloc.NpuallocError) as cm:
+                npualloc.install(backend="sim")
+            msg = str(cm.exception)
+            self.assertIn("supports", msg)
+            self.assertIn("2.14", msg)
+            self.assertTrue(torch_npu_version in msg or torch_version in msg, msg)
+            self.assertEqual(log, [], "nothing built or swapped for an unsupported version")
+            remove_standins()
+
+    def test_shim_builds_are_named_by_what_they_depend_on(self):
+        lib = npualloc.library_path()
+        src = [os.path.join(os.path.dirname(npualloc.__file__), "csrc", "torch_npu_shim.cpp")]
+        a = npualloc._shim_name("x", src, lib, ("2.14.0",))
+        self.assertEqual(a, npualloc._shim_name("x", src, lib, ("2.14.0",)))
+        self.assertNotEqual(a, npualloc._shim_name("x", src, lib, ("2.14.1",)))
+        self.assertNotEqual(a, npualloc._shim_name("x", src, lib + ".other", ("2.14.0",)))
+        cuda = [os.path.join(os.path.dirname(npualloc.__file__), "csrc", "cuda_shim.cpp")]
+        self.assertNotEqual(a, npualloc._shim_name("x", cuda, lib, ("2.14.0",)))
 
     def test_install_too_late_says_so(self):
         install_standins([], already_initialized=True)
@@ -524,29 +544,56 @@ class Installer(unittest.TestCase):
         self.assertIn("before anything allocates", str(cm.exception))
         self.assertIn("Can't swap an already initialized allocator", str(cm.exception))
 
-    def test_install_cuda_goes_through_its_shim(self):
-        # torch.cuda's pluggable allocator would use a NULL from npualloc_malloc as an
-        # address (seen on an H200): malloc/free go through the CUDA shim, which raises
-        # torch.OutOfMemoryError, and its graph-pool hooks are set; the rest is plain C.
+    def test_install_fails_if_c10_keeps_another_device_allocator(self):
+        install_standins([], takes_device_allocator=False)
+        with self.assertRaises(npualloc.NpuallocError) as cm:
+            npualloc.install(backend="sim")
+        self.assertIn("c10::GetAllocator(PrivateUse1)", str(cm.exception))
+
+    def test_install_cuda_swaps_in_its_complete_allocator(self):
         log = []
-        install_standins(log, shim_addresses={"begin_allocate_to_pool_fn": 0xB1,
-                                              "end_allocate_to_pool_fn": 0xE1,
-                                              "release_pool_fn": 0xF1})
-        npualloc.install_cuda()
-        raw = npualloc.load()
-        loads = [e for e in log if e[0] == "cpp_extension.load"]
-        self.assertEqual(len(loads), 1)
-        self.assertEqual(loads[0][1], "npualloc_cuda_shim")
-        self.assertTrue(loads[0][2][0].endswith("cuda_shim.cpp"))
-        self.assertIn(("customAllocator", "/nonexistent/npualloc_torch_npu_shim.so",
-                       "npualloc_cuda_shim_malloc", "npualloc_cuda_shim_free"), log)
-        setters = dict(e for e in log if e[0].startswith("set_"))
-        self.assertEqual(setters["set_record_stream_fn"], _lib.address(raw, "npualloc_record_stream"))
-        self.assertEqual(setters["set_reset_fn"], _lib.address(raw, "npualloc_empty_cache_all"))
-        self.assertEqual(setters["set_begin_allocate_to_pool"], 0xB1)
-        self.assertEqual(setters["set_end_allocate_to_pool_fn"], 0xE1)
-        self.assertEqual(setters["set_release_pool"], 0xF1)
-        self.assertEqual(log[-1][0], "change_current_allocator")
+        with tempfile.TemporaryDirectory() as home:
+            os.makedirs(os.path.join(home, "include", "crt"))
+            for h in ("cuda_runtime_api.h", os.path.join("crt", "host_config.h")):
+                open(os.path.join(home, "include", h), "w").close()
+            install_standins(log, cuda_home=home)
+            saved = {k: os.environ.pop(k, None) for k in ("CUDA_HOME", "CUDA_PATH", "NPUALLOC_CUDA_INCLUDE")}
+            try:
+                installed = npualloc.install_cuda()
+            finally:
+                os.environ.update({k: v for k, v in saved.items() if v is not None})
+            loads = [e for e in log if e[0] == "cpp_extension.load"]
+            self.assertEqual(len(loads), 1)
+            self.assertTrue(loads[0][1].startswith("npualloc_cuda_shim_"), loads[0][1])
+            self.assertTrue(loads[0][2][0].endswith("cuda_shim.cpp"))
+            self.assertIn(os.path.join(home, "include"), loads[0][3]["extra_include_paths"])
+            self.assertIn("-lc10_cuda", loads[0][3]["extra_ldflags"])
+        self.assertEqual(installed.allocator().flavour, "cuda")
+        self.assertEqual([e[0] for e in log][-2:], ["change_current_allocator", "set_device_allocator"])
+
+    def test_install_cuda_without_the_cuda_headers_says_which(self):
+        with tempfile.TemporaryDirectory() as home:
+            os.makedirs(os.path.join(home, "include"))
+            open(os.path.join(home, "include", "cuda_runtime_api.h"), "w").close()  # no crt/
+            install_standins([], cuda_home=home)
+            saved = {k: os.environ.pop(k, None) for k in ("CUDA_HOME", "CUDA_PATH", "NPUALLOC_CUDA_INCLUDE")}
+            try:
+                with self.assertRaises(npualloc.NpuallocError) as cm:
+                    npualloc.install_cuda()
+            finally:
+                os.environ.update({k: v for k, v in saved.items() if v is not None})
+        self.assertIn("host_config.h", str(cm.exception))
+        self.assertIn("nvidia-cuda-crt", str(cm.exception))
+
+    def test_install_cuda_refuses_other_versions(self):
+        log = []
+        install_standins(log, torch_version="2.11.0+cu130")
+        with self.assertRaises(npualloc.NpuallocError) as cm:
+            npualloc.install_cuda()
+        self.assertIn("2.11.0+cu130", str(cm.exception))
+        self.assertIn("2.14", str(cm.exception))
+        self.assertEqual(log, [])
+
 
 if __name__ == "__main__":
     result = unittest.main(exit=False, verbosity=1).result

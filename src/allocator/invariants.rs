@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 
+use super::graph_pools::GraphPools;
 use super::shard::ShardState;
 use super::shards::Shard;
 use crate::handle::MempoolId;
@@ -54,7 +55,7 @@ pub(super) fn check_private_pools(
         let st = s.lock();
         for (_, b) in st.blocks.iter() {
             if let Some(t) = b.pool {
-                let id = st.capture.private[t.index()].id;
+                let id = st.capture.id_of(t);
                 add(counted.entry(id).or_default(), b.kind, b.size);
             }
         }
@@ -73,6 +74,39 @@ pub(super) fn check_private_pools(
         )),
         None => Ok(()),
     }
+}
+
+/// Checks the device-wide pool registry against the shards: every live pool has a
+/// use; each shard's pool tags name distinct pools; a route names a known tag; an
+/// HCCL work is remembered only for blocks allocated or awaiting.
+pub(super) fn check_graph_pools(shards: &[&Shard], pools: &GraphPools) -> Result<(), String> {
+    for (id, n) in pools.live() {
+        if n == 0 || id == crate::allocator::NO_POOL {
+            return Err(format!("pool {id:?} is live with {n} uses"));
+        }
+    }
+    for s in shards {
+        let st = s.lock();
+        let c = &st.capture;
+        let ids: Vec<MempoolId> = (0..c.tag_count())
+            .map(|i| c.id_of(crate::pool::PrivateTag::new(i)))
+            .collect();
+        let distinct: std::collections::HashSet<_> = ids.iter().collect();
+        if distinct.len() != ids.len() {
+            return Err(format!("shard {:?}: two tags name one pool", s.stream));
+        }
+        if c.routed().is_some() && st.pool_id(c.routed()).is_none() {
+            return Err(format!("shard {:?}: routes to an unknown tag", s.stream));
+        }
+        for id in st.hccl.blocks() {
+            if st.blocks.get(id).is_none_or(|b| b.is_free()) {
+                return Err(format!(
+                    "block {id}: an HCCL work is remembered but it is free"
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Checks one shard.
@@ -130,8 +164,7 @@ pub(super) fn check(st: &ShardState) -> Result<(), String> {
             if b.stream_uses.contains(&b.stream) {
                 return Err(format!("block {id}: records its own stream as a use"));
             }
-            if !b.is_allocated() && !b.stream_uses.is_empty() && !st.capture.deferred.contains(&id)
-            {
+            if !b.is_allocated() && !b.stream_uses.is_empty() && !st.capture.is_deferred(id) {
                 return Err(format!("block {id}: free but still lists stream uses"));
             }
             if b.vm != hb.vm {
@@ -139,10 +172,7 @@ pub(super) fn check(st: &ShardState) -> Result<(), String> {
                     "block {id}: expandable segment differs from its run's"
                 ));
             }
-            if b.pool
-                .is_some_and(|t| t.index() >= st.capture.private.len())
-                || b.pool != hb.pool
-            {
+            if b.pool.is_some_and(|t| t.index() >= st.capture.tag_count()) || b.pool != hb.pool {
                 return Err(format!(
                     "block {id}: pool tag {:?} is not its segment's or is unknown",
                     b.pool
@@ -256,12 +286,10 @@ pub(super) fn check(st: &ShardState) -> Result<(), String> {
 
     // Event counts equal queued events plus parked frees.
     let mut tokens: HashMap<BlockId, u32> = HashMap::new();
-    let mut queued_events = Vec::new();
-    for (_, ev, id) in st.waits.pending.iter() {
+    for (_, _, id) in st.waits.pending().iter() {
         *tokens.entry(id).or_default() += 1;
-        queued_events.push(ev);
     }
-    for &id in st.waits.parked.iter().chain(&st.capture.deferred) {
+    for &id in st.waits.parked().iter().chain(st.capture.deferred()) {
         *tokens.entry(id).or_default() += 1;
     }
     for (id, b) in st.blocks.iter() {
@@ -274,20 +302,11 @@ pub(super) fn check(st: &ShardState) -> Result<(), String> {
         }
         check_lending(st, id, b)?;
     }
-    if let Some(ev) = st
-        .waits
-        .events
-        .idle_events()
-        .iter()
-        .find(|e| queued_events.contains(e))
-    {
-        return Err(format!("event {ev:?} is both idle and queued"));
-    }
+    st.waits.check()?;
 
     if let Some((id, _)) = st
         .lending
-        .dirty
-        .iter()
+        .marked()
         .find(|&(id, _)| !st.blocks.get(id).is_some_and(|b| b.dirty))
     {
         return Err(format!(
@@ -295,13 +314,13 @@ pub(super) fn check(st: &ShardState) -> Result<(), String> {
         ));
     }
     check_vm(st)?;
-    if reserved != st.acct.reserved {
+    if reserved != st.acct.reserved() {
         return Err(format!(
             "reserved {} but segments sum to {reserved}",
-            st.acct.reserved
+            st.acct.reserved()
         ));
     }
-    let s = &st.acct.stats;
+    let s = st.acct.stats();
     compare("allocation", &s.allocation, &rc.allocation)?;
     compare("allocated_bytes", &s.allocated_bytes, &rc.allocated_bytes)?;
     compare("active", &s.active, &rc.active)?;
@@ -327,7 +346,7 @@ fn check_lending(st: &ShardState, id: BlockId, b: &Block) -> Result<(), String> 
             "block {id}: lent but not to another stream's caller"
         ));
     }
-    let marks = st.lending.dirty.get(id);
+    let marks = st.lending.marks(id);
     if b.dirty == marks.is_empty() || (b.dirty && b.is_allocated()) {
         return Err(format!(
             "block {id}: dirty flag {} with {} marks",
@@ -336,7 +355,7 @@ fn check_lending(st: &ShardState, id: BlockId, b: &Block) -> Result<(), String> 
         ));
     }
     for &(s, epoch) in marks {
-        if s == b.stream || (epoch != UNFENCED && epoch > st.lending.fences.epoch()) {
+        if s == b.stream || (epoch != UNFENCED && epoch > st.lending.fence_epoch()) {
             return Err(format!("block {id}: bad dirty mark ({s:?}, {epoch})"));
         }
     }

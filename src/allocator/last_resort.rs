@@ -1,89 +1,95 @@
-//! The last rungs of a malloc, across shards: what the shard's own ladder
-//! (`shard/ladder.rs`) asks for with `Ok(None)` when only the other streams' caches can
-//! help (issue #16's ladder, after own cache → lending → device-side wait):
+//! The ladder's rungs across shards (`shard/ladder.rs`: `ReleaseClean`, `ReleaseOthers`):
+//! a shard's climb stops there with a named outcome, and the caller, holding no shard
+//! lock, releases and climbs again.
 //!
-//! 1. **release cached segments on every stream** that can go back without a host wait
-//!    (whole, free, not dirty; completed events and fences taken in first), then run the
-//!    shard's ladder again, which may now grow (npualloc's path: `wait_before_growth`,
-//!    without expandable segments; skipped when nothing was released);
-//! 2. **host-synchronise only the streams that hold pending frees** (each once, at the
-//!    event of its last pending free: `synchronize_and_free_events`), release every
-//!    cached segment of every stream; take a free block of this stream, grow, else
-//!    borrow a free block of another stream (frees just synchronised may have merged
-//!    into one that fits), else (a small request) take a free block of this stream's
-//!    large pool (`shard/small_spill.rs`); else out of memory.
-//!    PyTorch's policy takes this rung alone, synchronises every pending event, as
-//!    PyTorch does, and borrows nothing.
+//! - `ReleaseClean` ([`Outcome::NeedsCleanRelease`]): every stream's cached segments
+//!   that can go back without a host wait (whole, free, not dirty; completed events and
+//!   fences taken in first) go back, and if any did, the shard climbs the whole ladder
+//!   again (an allocation served so counts as a retry); if none did, or the climb stops
+//!   again, on to `ReleaseOthers`.
+//! - `ReleaseOthers` ([`Outcome::NeedsAllReleased`]): every other stream's cache goes
+//!   back (PyTorch's `release_cached_blocks`, host-synchronising what it must), and the
+//!   shard climbs again from its cache rungs to the rungs after this one (`ReleaseOwn`
+//!   and on), which either serve or end in out of memory.
 //!
 //! Locking: one shard lock at a time, never two; the allocating shard's lock is not held
-//! while the other shards' caches are released (the retry of rung 1 visits the others
-//! with `try_lock` only, as lending does). A capture never gets here: its shard reports
-//! out of memory at once (a capture never synchronises).
+//! while the other shards' caches are released (a climb visits the others with
+//! `try_lock` only, as lending does). A capture never gets here: its shard's climb is out
+//! of memory at the first rung across shards (a capture never synchronises).
 
-use super::shard::NoPeers;
+use super::shard::{Outcome, Released};
 use super::{CachingAllocator, OtherShards, Shard};
 use crate::device::DevicePtr;
 use crate::error::Error;
 
 impl CachingAllocator {
-    /// Rungs 1 and 2 for a request of `size` bytes on `shard`'s stream.
+    /// The rungs across shards for a request of `size` bytes on `shard`'s stream, whose
+    /// climb stopped with `outcome`.
     #[cold]
     #[inline(never)]
-    pub(super) fn last_resort(&self, size: usize, shard: &Shard) -> Result<DevicePtr, Error> {
-        let config = &self.shared.config;
-        if config.wait_before_growth && !config.expandable_segments {
-            if let Some(ptr) = self.release_clean_and_retry(size, shard)? {
-                return Ok(ptr);
-            }
-        }
-        let _ = self.for_other_shards(shard.stream, |st| {
-            let _ = st.release_cached_blocks();
-            Ok::<(), Error>(())
-        });
-        let peers = OtherShards {
-            table: &self.shards,
-            own: shard.stream,
-            shared: &self.shared,
-        };
-        let lend = config.wait_before_growth && config.lend_blocks;
-        let found = self.with_shard(shard, |st| {
-            st.malloc(size, true, if lend { &peers } else { &NoPeers })
-        });
-        let ptr = found
-            .map_err(|e| self.malloc_failed(e, size))?
-            .expect("the last attempt either allocates or reports out of memory");
-        Ok(ptr)
-    }
-
-    /// Rung 1: every shard's cached segments that need no host wait go back; if any did,
-    /// the shard's ladder runs again (an allocation served so counts as a retry, as
-    /// rung 2's do). `Ok(None)`: rung 2 is needed.
-    fn release_clean_and_retry(
+    pub(super) fn last_resort(
         &self,
+        outcome: Outcome,
         size: usize,
         shard: &Shard,
-    ) -> Result<Option<DevicePtr>, Error> {
+    ) -> Result<DevicePtr, Error> {
+        let mut outcome = outcome;
+        if let Outcome::NeedsCleanRelease = outcome {
+            outcome = self.release_clean_and_climb(size, shard)?;
+        }
+        if let Outcome::NeedsAllReleased = outcome {
+            outcome = self.release_others_and_climb(size, shard)?;
+        }
+        match outcome {
+            Outcome::Served(ptr) => Ok(ptr),
+            Outcome::OutOfMemory(e) => Err(self.malloc_failed(e, size)),
+            Outcome::NeedsCleanRelease | Outcome::NeedsAllReleased => Err(Error::InvalidState(
+                "the ladder stopped at a release rung twice".into(),
+            )),
+        }
+    }
+
+    /// `ReleaseClean`: every shard's cached segments that need no host wait go back;
+    /// if any did, the shard climbs again.
+    fn release_clean_and_climb(&self, size: usize, shard: &Shard) -> Result<Outcome, Error> {
         let mut released = false;
         for s in self.shards.all() {
             released |= self.with_shard(s, |st| st.release_clean_segments());
         }
         if !released {
-            return Ok(None);
+            return Ok(Outcome::NeedsAllReleased);
         }
-        let peers = OtherShards {
-            table: &self.shards,
-            own: shard.stream,
-            shared: &self.shared,
-        };
+        let peers = self.peers_of(shard);
         let found = self.with_shard(shard, |st| {
-            let found = st.malloc(size, false, &peers);
-            if matches!(found, Ok(Some(_))) {
+            let found = st.malloc(size, Released::Clean, &peers);
+            if let Ok(Outcome::Served(_)) = found {
                 // PyTorch's count of allocations that needed the cache released and a
-                // retry (rung 2 counts its own).
-                st.acct.stats.num_alloc_retries += 1;
+                // retry (`ReleaseOwn` counts its own).
+                st.count_retry();
             }
             found
         });
         found.map_err(|e| self.malloc_failed(e, size))
+    }
+
+    /// `ReleaseOthers`: the other shards' caches go back, then the shard climbs the
+    /// rest of the ladder.
+    fn release_others_and_climb(&self, size: usize, shard: &Shard) -> Result<Outcome, Error> {
+        let _ = self.for_other_shards(shard.stream, |st| {
+            let _ = st.release_cached_blocks();
+            Ok::<(), Error>(())
+        });
+        let peers = self.peers_of(shard);
+        let found = self.with_shard(shard, |st| st.malloc(size, Released::Others, &peers));
+        found.map_err(|e| self.malloc_failed(e, size))
+    }
+
+    /// The shards other than `shard`, for a climb of it.
+    fn peers_of<'a>(&'a self, shard: &Shard) -> OtherShards<'a> {
+        OtherShards {
+            table: &self.shards,
+            own: shard.stream,
+            shared: &self.shared,
+        }
     }
 }

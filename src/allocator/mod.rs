@@ -1,21 +1,17 @@
 //! The caching allocator of one device.
 //!
-//! `malloc` order (PyTorch's, with npualloc's additions in brackets): poll pending
-//! frees → best fit in the stream's pool → garbage collection (with a memory
-//! fraction) → [borrow a wholly free segment of another stream → borrow a free block of
-//! another stream's pool → return idle empty segments] → device malloc [PyTorch's size
-//! if the adaptive one does not fit] → release oversize cached blocks and retry → [wait
-//! on the device for a pending free, this stream's or another's → release every
-//! stream's cached segments that need no host wait and retry] → release every cached
-//! segment (synchronising events [only the streams holding pending frees, once each])
-//! and retry → out of memory.
+//! `malloc`: poll pending frees, then climb the shard's ladder (`shard/ladder.rs`: the
+//! rungs in order, one list built from the [`Policy`] — PyTorch's own cache, garbage
+//! collection, growth and release rungs, with npualloc's between them); the two rungs
+//! that release other streams' caches run here, with no shard lock held
+//! (`last_resort.rs`).
 //!
 //! Locking: each stream has its own shard (block arena, free lists, events, statistics)
 //! behind its own mutex, found without a lock; blocks are reused on their own stream,
 //! or lent to another under device-side ordering (a borrower takes the lender's lock
 //! with `try_lock` only, never waiting). Threads working on different streams do not contend; device-wide
 //! counters (reserved bytes, the memory fraction) are atomics touched only on slow
-//! paths; device-wide statistics are rebuilt from per-shard logs (`totals.rs`) under
+//! paths; device-wide statistics are rebuilt from per-shard logs (`accounting/`) under
 //! the statistics lock, which is taken before any shard lock and never with one held. Each shard maps its own live pointers to blocks: a free goes to the shard of
 //! the allocation's stream when the caller names it (torch does), else to the shard of
 //! this thread's last allocation, else searches the shards. Device calls are made with
@@ -23,22 +19,26 @@
 //! takes the other shards' mutexes one at a time with its own released.
 //!
 //! Layout: `shards.rs` the stream → shard table (boxed shards, found without a lock);
-//! `shared.rs` what the shards share (the device context: device, index, settings,
-//! profiler markers; device-wide counters); `totals.rs` exact device-wide statistics
-//! from the shards' logs and `statistics.rs` the methods that read and merge them;
-//! `shard/` one stream's shard state, one file per concern (the ladder above is
-//! `shard/ladder.rs`); `last_resort.rs` the rungs that release the other streams'
-//! caches and synchronise; `oom.rs` torch_npu's
-//! out-of-memory message; `invariants.rs` the checker that recounts a shard.
+//! `shared.rs` what the shards share (the device context: device, index, settings and
+//! policy, profiler markers; device-wide counters and the memory-short regime);
+//! `accounting/` exact statistics (each shard's counts, the logs and device-wide
+//! totals) and `statistics.rs` the methods that read and merge them; `shard/` one
+//! stream's shard state,
+//! one file per concern; `last_resort.rs` the ladder's rungs across shards; `oom.rs`
+//! torch_npu's out-of-memory message; `invariants.rs` the checker that recounts a
+//! shard.
 
+mod accounting;
+mod graph_pools;
+mod history;
 mod invariants;
 mod last_resort;
 mod oom;
+mod pools;
 mod shard;
 mod shards;
 mod shared;
 mod statistics;
-mod totals;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -46,16 +46,21 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 
 use crate::config::Config;
-use crate::device::{Device, DeviceIndex, DevicePtr, MempoolId, StreamHandle};
+use crate::device::{Device, DeviceIndex, DevicePtr, StreamHandle};
 use crate::error::Error;
+use crate::policy::{Policy, Regime};
 use crate::pool::BlockId;
 use crate::profiling::Mstx;
 use crate::stats::PrivatePoolStats;
-use shard::{Peers, ShardState};
+use shard::{Outcome, Peers, Released, ShardState};
 use shards::{Shard, ShardTable};
 use shared::Shared;
 
 pub use crate::snapshot::{BlockInfo, BlockState, SegmentInfo};
+pub use graph_pools::NO_POOL;
+pub use history::{TraceAction, TraceEvent, Tracer};
+pub use pools::{PoolCheckpoint, RestoreDelta};
+pub use shard::{CheckpointBlock, CheckpointSegment};
 pub use shards::MAX_STREAMS;
 
 /// Current memory use of one allocator.
@@ -224,11 +229,9 @@ impl CachingAllocator {
             if let Some(only) = shards.first() {
                 let mut st = only.lock();
                 debug_assert_eq!(shards.len(), 1, "the logs go on with the second shard");
-                totals.enable(Some(&st.acct.stats));
-                let acct = &mut st.acct;
-                acct.log.start();
-                acct.log.open_window(&mut acct.stats);
-                // Every shard logs until a merge can give allowances (`totals/quiet.rs`).
+                totals.enable(Some(st.acct.stats()));
+                st.acct.start_logging();
+                // Every shard logs until a merge can give allowances (`accounting/totals/quiet.rs`).
                 self.shared.stats_logging.store(true, Ordering::SeqCst);
             }
         }
@@ -237,8 +240,7 @@ impl CachingAllocator {
             .get_or_insert(stream, || {
                 let mut st = ShardState::new(stream, self.shared.clone());
                 if log {
-                    st.acct.log.start();
-                    st.acct.log.start_quiet();
+                    st.acct.start_logging_quiet();
                 }
                 st
             })
@@ -323,20 +325,28 @@ impl CachingAllocator {
             own: stream,
             shared: &self.shared,
         };
-        let found = st.malloc(size, false, &peers);
+        let found = st.malloc(size, Released::Nothing, &peers);
         self.set_pending(shard, st.pending_count());
-        // Every arm takes `found` apart by value: nothing is left to drop (a catch-all
-        // arm left it to an out-of-line drop call on the fast path). The slow path runs
-        // with the lock released.
+        // Nothing is left to drop on any arm: the slow arms take `found` apart by value,
+        // and a served outcome owns nothing, so it is forgotten (a drop of it stays an
+        // out-of-line call on the fast path). The slow path runs with the lock released.
         match found {
-            Ok(Some(ptr)) => {
+            Ok(Outcome::Served(ptr)) => {
+                std::mem::forget(found);
                 drop(st);
                 THREAD.with(|t| t.last_shard.set((self.id, si)));
+                if self.shared.history.on() {
+                    self.trace_alloc(ptr, size, stream);
+                }
                 Ok(ptr)
             }
-            Ok(None) => {
+            Ok(outcome) => {
                 drop(st);
-                self.malloc_slow(Ok(None), size, si, shard)
+                let ptr = self.malloc_slow(Ok(outcome), size, si, shard)?;
+                if self.shared.history.on() {
+                    self.trace_alloc(ptr, size, stream);
+                }
+                Ok(ptr)
             }
             Err(e) => {
                 drop(st);
@@ -345,87 +355,24 @@ impl CachingAllocator {
         }
     }
 
-    /// `malloc` after the shard's own attempt did not allocate (`found`): an error, or
-    /// the last rungs across streams (`last_resort.rs`).
+    /// `malloc` after the shard's climb did not allocate (`found`): an error, or the
+    /// rungs across streams (`last_resort.rs`).
     #[cold]
     #[inline(never)]
     fn malloc_slow(
         &self,
-        found: Result<Option<DevicePtr>, Error>,
+        found: Result<Outcome, Error>,
         size: usize,
         si: u32,
         shard: &Shard,
     ) -> Result<DevicePtr, Error> {
-        match found {
-            Ok(Some(ptr)) => return Ok(ptr),
-            Ok(None) => {}
-            // e.g. out of memory during a capture, which must not release caches
+        let outcome = match found {
+            Ok(outcome) => outcome,
             Err(e) => return Err(self.malloc_failed(e, size)),
-        }
-        let ptr = self.last_resort(size, shard)?;
+        };
+        let ptr = self.last_resort(outcome, size, shard)?;
         THREAD.with(|t| t.last_shard.set((self.id, si)));
         Ok(ptr)
-    }
-
-    /// Routes allocations on `stream` to the graph-private pool `id` (PyTorch's
-    /// `beginAllocateToPool`): created on first use, else its use count goes up. While
-    /// routed, the stream's allocations never reuse its own pool's memory and vice
-    /// versa, event polling on the stream is skipped, and frees of blocks used on other
-    /// streams record their events only when routing ends.
-    pub fn begin_allocate_to_pool(&self, id: MempoolId, stream: StreamHandle) -> Result<(), Error> {
-        let (_, shard) = self.shard(stream)?;
-        let already = shard.lock().capture.capturing.is_some();
-        if already {
-            // Refused (one pool at a time); the stream's capture flag stays as it is.
-            return shard.lock().begin_allocate_to_pool(id);
-        }
-        // No event may be recorded on the stream while it captures: from now on no
-        // block is lent to it, and the fences of blocks it borrowed and gave back are
-        // settled first (a host wait only if their work has not run).
-        self.shared.set_capturing(stream, true);
-        let begun = self.settle_fences_on(stream).and_then(|()| {
-            let mut st = shard.lock();
-            st.flush_hot();
-            st.begin_allocate_to_pool(id)
-        });
-        if begun.is_err() {
-            self.shared.set_capturing(stream, false);
-        }
-        begun
-    }
-
-    fn settle_fences_on(&self, stream: StreamHandle) -> Result<(), Error> {
-        self.for_other_shards(stream, |st| st.settle_fences_on(stream))
-    }
-
-    /// Stops routing to private pool `id` (PyTorch's `endAllocateToPool`).
-    pub fn end_allocate_to_pool(&self, id: MempoolId) -> Result<(), Error> {
-        for shard in self.shards.all() {
-            let mut st = shard.lock();
-            if st.is_capturing_to(id) {
-                st.end_allocate_to_pool();
-                self.set_pending(shard, st.pending_count());
-                self.shared.set_capturing(shard.stream, false);
-                return Ok(());
-            }
-        }
-        Err(Error::InvalidState(format!(
-            "not currently allocating to pool {id:?}"
-        )))
-    }
-
-    /// Drops one use of private pool `id` (PyTorch's `releasePool`); once unused, its
-    /// cached memory goes back to the device at the next cache release.
-    pub fn release_pool(&self, id: MempoolId) -> Result<(), Error> {
-        let mut found = false;
-        for shard in self.shards.all() {
-            found |= shard.lock().release_pool(id);
-        }
-        if found {
-            Ok(())
-        } else {
-            Err(Error::InvalidArgument(format!("unknown pool {id:?}")))
-        }
     }
 
     /// Reserved bytes per graph-private pool: torch 2.14's
@@ -451,6 +398,31 @@ impl CachingAllocator {
             .sum()
     }
 
+    /// Sets (or with `None` removes) the memory-history tracer, told of every
+    /// allocation, free, segment change and out-of-memory failure (`history.rs`).
+    pub fn set_tracer(&self, tracer: Option<Tracer>) {
+        self.shared.history.set(tracer);
+    }
+
+    /// Tells the tracer of allocation `ptr` (`size` bytes asked for on `stream`).
+    #[cold]
+    #[inline(never)]
+    fn trace_alloc(&self, ptr: DevicePtr, size: usize, stream: StreamHandle) {
+        let pool = self
+            .with_owner(ptr, Some(stream), |_, st, id| {
+                st.pool_id(st.blocks[id].pool)
+            })
+            .flatten();
+        self.shared.history.emit(|| TraceEvent {
+            action: TraceAction::Alloc,
+            device: self.index,
+            address: ptr as u64,
+            size,
+            stream,
+            pool,
+        });
+    }
+
     /// Adds a callback run (outside every allocator lock) whenever an allocation fails
     /// with out of memory, after the cache was released and the request retried.
     pub fn attach_oom_observer(&self, observer: impl Fn(OomInfo) + Send + Sync + 'static) {
@@ -469,10 +441,18 @@ impl CachingAllocator {
 
     fn notify_oom(&self, requested: usize) {
         let observers = self.observers.read().clone();
-        if observers.is_empty() {
+        if observers.is_empty() && !self.shared.history.on() {
             return;
         }
         let info = self.device.mem_info(self.index).ok();
+        self.shared.history.emit(|| TraceEvent {
+            action: TraceAction::Oom,
+            device: self.index,
+            address: info.map_or(0, |i| i.free as u64),
+            size: requested,
+            stream: StreamHandle::DEFAULT,
+            pool: None,
+        });
         let info = OomInfo {
             device: self.index,
             requested,
@@ -503,7 +483,11 @@ impl CachingAllocator {
             let Some(id) = st.ptrs.remove(&ptr) else {
                 return false;
             };
-            st.free(id);
+            if self.shared.history.on() {
+                st.free_traced(id);
+            } else {
+                st.free(id);
+            }
             self.set_pending(shard, st.pending_count());
             true
         };
@@ -607,14 +591,36 @@ impl CachingAllocator {
     }
 
     /// Waits for every pending event, then returns every unused cached segment (and
-    /// idle event) to the device.
+    /// idle event) to the device. Ends the memory-short regime ([`Regime`]) when every
+    /// shard emptied its cache.
+    /// Nothing goes back while a graph capture is underway (the runtime refuses
+    /// synchronisations and frees then), and segments of live graph pools stay.
     pub fn empty_cache(&self) -> Result<(), Error> {
+        if self.shared.capture_underway() {
+            return Ok(());
+        }
         let mut result = Ok(());
         for s in self.shards.all() {
             let emptied = self.with_shard(s, |st| st.empty_cache());
             result = result.and(emptied);
         }
+        if result.is_ok() {
+            self.shared.set_memory_short(false);
+        }
         result
+    }
+
+    /// The regime the allocator runs in: [`Regime::MemoryShort`] from the first failed
+    /// growth that the device could have held when empty until the next successful
+    /// [`empty_cache`](Self::empty_cache), else [`Regime::Plentiful`] (Note [the
+    /// memory-short regime] in [`policy`](crate::policy)).
+    pub fn regime(&self) -> Regime {
+        self.shared.regime()
+    }
+
+    /// The rules in force, resolved from the settings at creation.
+    pub fn policy(&self) -> Policy {
+        self.shared.policy
     }
 
     /// Caps reserved memory at `fraction` of the device's total memory.
@@ -653,7 +659,7 @@ impl CachingAllocator {
             .shards
             .all()
             .iter()
-            .map(|s| s.lock().acct.stats.allocated_bytes[0].current.max(0) as usize)
+            .map(|s| s.lock().acct.stats().allocated_bytes[0].current.max(0) as usize)
             .sum();
         Usage {
             allocated,
@@ -673,7 +679,8 @@ impl CachingAllocator {
     pub fn event_counts(&self) -> (u64, usize) {
         self.shards.all().iter().fold((0, 0), |(c, i), s| {
             let st = s.lock();
-            (c + st.waits.events.created(), i + st.waits.events.idle())
+            let (created, idle) = st.waits.event_counts();
+            (c + created, i + idle)
         })
     }
 
@@ -688,7 +695,7 @@ impl CachingAllocator {
             if let Some(p) = st.ptrs.keys().find(|&&p| !seen.insert(p)) {
                 return Err(format!("pointer {p:#x} is live in two shards"));
             }
-            reserved += st.acct.reserved;
+            reserved += st.acct.reserved();
             if s.pending.load(Ordering::Relaxed) != st.pending_count() {
                 return Err(format!("shard {:?}: pending counter is stale", s.stream));
             }
@@ -700,7 +707,8 @@ impl CachingAllocator {
             ));
         }
         let pools = self.private_pool_stats();
-        invariants::check_private_pools(&self.shards.all(), &pools)
+        invariants::check_private_pools(&self.shards.all(), &pools)?;
+        invariants::check_graph_pools(&self.shards.all(), &self.shared.pools)
     }
 }
 

@@ -34,7 +34,7 @@ impl Shard {
     #[inline]
     pub fn lock(&self) -> MutexGuard<'_, ShardState> {
         let mut st = self.state.lock();
-        st.acct.log.begin_op();
+        st.acct.begin_op();
         st
     }
 
@@ -42,7 +42,7 @@ impl Shard {
     #[inline]
     pub fn try_lock(&self) -> Option<MutexGuard<'_, ShardState>> {
         let mut st = self.state.try_lock()?;
-        st.acct.log.begin_op();
+        st.acct.begin_op();
         Some(st)
     }
 }

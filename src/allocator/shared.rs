@@ -12,11 +12,14 @@ use parking_lot::Mutex;
 use std::sync::Arc;
 
 use crate::config::Config;
-use crate::device::{Device, DeviceIndex, DevicePtr, StreamHandle};
+use crate::device::{Device, DeviceIndex, DevicePtr};
+use crate::policy::{Policy, Regime};
 use crate::profiling::Mstx;
 use crate::stats::PrivatePoolReserved;
 
-use super::totals::Totals;
+use super::accounting::totals::{LogLink, Totals};
+use super::graph_pools::GraphPools;
+use super::history::History;
 
 /// Added to `pending_total` while a statistics merge is wanted (far above any count of
 /// waiting frees).
@@ -42,6 +45,8 @@ pub(crate) struct Shared {
     /// Its index.
     pub index: DeviceIndex,
     pub config: Config,
+    /// The rules in force, resolved once from `config`.
+    pub policy: Policy,
     /// Profiler markers around the slow paths.
     pub markers: Arc<Mstx>,
     /// Bytes added to each request before rounding: the device's
@@ -63,31 +68,29 @@ pub(crate) struct Shared {
     allowed_max: AtomicUsize,
     /// Frees waiting for events, over all shards.
     pub pending_total: AtomicIsize,
-    /// Device-wide statistics rebuilt from the shards' logs (`totals.rs`). Lock order:
+    /// Device-wide statistics rebuilt from the shards' logs (`accounting/totals.rs`). Lock order:
     /// this, then shards in creation order.
     pub totals: Mutex<Totals>,
     /// Set when a shard's statistics log is full: the next malloc merges
     /// ([`Shared::ask_merge`]).
     merge_wanted: AtomicBool,
-    /// Whether the shards log their statistics changes (`totals/quiet.rs`): clear while
+    /// Whether the shards log their statistics changes (`accounting/totals/quiet.rs`): clear while
     /// one shard exists (nothing logged) or with `exact_stats:False`; set when the
     /// second shard turns the logs on; cleared by a merge that enters quiet mode (all
     /// shards locked), set by the first change that passes its shard's allowance. Read
     /// by every malloc and free: on a cache line of its own, which nothing else writes.
     pub stats_logging: OwnLine<AtomicBool>,
-    /// Streams allocating to a graph-private pool (capturing): no event may be
-    /// recorded on them, so lending leaves them alone.
-    capturing: Mutex<Vec<StreamHandle>>,
-    /// `capturing.len()`, read without the lock on the free path.
-    capture_count: AtomicUsize,
+    /// Graph-private pools' use counts and the captures underway (`graph_pools.rs`).
+    pub pools: GraphPools,
+    /// The memory-history tracer, if set (`history.rs`).
+    pub history: History,
     /// Reserved bytes per graph-private pool, over every shard (a pool spans the streams
     /// routed to it); written only where a pool's device memory grows or shrinks.
     pub private_reserved: Mutex<PrivatePoolReserved>,
-    /// Set (for good) when a device malloc for a new segment the device could hold
-    /// when empty first failed: memory pressure was seen, best fit keeps whole segments
-    /// (`shard/keep_whole.rs`) and new ones are the request's own size (`shard/ladder.rs`).
-    /// A request larger than the device or the memory fraction does not set it.
-    pub growth_failed: AtomicBool,
+    /// Whether the allocator runs in the memory-short regime (`Regime::MemoryShort`,
+    /// Note [the memory-short regime] in `policy.rs`): set when a device malloc for a
+    /// new segment the device could hold when empty fails, cleared by `empty_cache`.
+    memory_short: AtomicBool,
     /// The device's total memory (`Device::mem_info`), asked once on first use; 0 until
     /// then, `usize::MAX` if the device could not say ([`Shared::device_total`]).
     device_total: AtomicUsize,
@@ -106,6 +109,7 @@ impl Shared {
             device,
             index,
             padding: padding.max(config.request_padding),
+            policy: Policy::from_config(&config),
             config,
             markers: Mstx::global(),
             reserved: AtomicUsize::new(0),
@@ -118,10 +122,10 @@ impl Shared {
             totals: Mutex::new(Totals::default()),
             merge_wanted: AtomicBool::new(false),
             stats_logging: OwnLine(AtomicBool::new(false)),
-            capturing: Mutex::new(Vec::new()),
-            capture_count: AtomicUsize::new(0),
+            pools: GraphPools::default(),
+            history: History::default(),
             private_reserved: Mutex::new(PrivatePoolReserved::default()),
-            growth_failed: AtomicBool::new(false),
+            memory_short: AtomicBool::new(false),
             device_total: AtomicUsize::new(0),
             next_place: AtomicUsize::new(0),
         }
@@ -132,7 +136,7 @@ impl Shared {
     /// are addresses), else one that gives it the next `size` places, after those of
     /// every segment made before it on this device.
     pub fn place_shift(&self, base: DevicePtr, size: usize) -> usize {
-        if self.config.address_ties {
+        if self.policy.address_ties {
             return 0;
         }
         let start = self.next_place.fetch_add(size, Ordering::Relaxed);
@@ -163,26 +167,33 @@ impl Shared {
         want <= self.device_total() && self.allowed_max().is_none_or(|m| want <= m)
     }
 
-    /// Notes that `stream` starts (`true`) or stops capturing.
-    pub fn set_capturing(&self, stream: StreamHandle, on: bool) {
-        let mut c = self.capturing.lock();
-        c.retain(|&s| s != stream);
-        if on {
-            c.push(stream);
+    /// The regime the allocator runs in.
+    pub fn regime(&self) -> Regime {
+        if self.memory_short.load(Ordering::Relaxed) {
+            Regime::MemoryShort
+        } else {
+            Regime::Plentiful
         }
-        self.capture_count.store(c.len(), Ordering::Release);
+    }
+
+    /// Whether memory was seen short ([`Shared::regime`]; one relaxed load).
+    #[inline]
+    pub fn memory_short(&self) -> bool {
+        self.memory_short.load(Ordering::Relaxed)
+    }
+
+    /// Enters the memory-short regime (a growth the device could hold when empty failed)
+    /// or, after `empty_cache`, leaves it.
+    pub fn set_memory_short(&self, short: bool) {
+        self.memory_short.store(short, Ordering::Relaxed);
     }
 
     /// Whether a graph capture is underway on the device (any stream): no event query,
     /// synchronisation or device free may be made then (PyTorch's
     /// `captures_underway.empty()` guards).
+    #[inline]
     pub fn capture_underway(&self) -> bool {
-        self.capture_count.load(Ordering::Acquire) > 0
-    }
-
-    /// Whether `stream` is capturing now.
-    pub fn is_capturing(&self, stream: StreamHandle) -> bool {
-        self.capture_count.load(Ordering::Acquire) > 0 && self.capturing.lock().contains(&stream)
+        self.pools.capture_underway()
     }
 
     /// The memory-fraction cap, if set.
@@ -261,5 +272,15 @@ impl Shared {
 
     pub fn unreserve(&self, bytes: usize) {
         self.reserved.fetch_sub(bytes, Ordering::AcqRel);
+    }
+}
+
+impl LogLink for Shared {
+    fn stats_logging(&self) -> &AtomicBool {
+        &self.stats_logging
+    }
+
+    fn ask_merge(&self) {
+        Shared::ask_merge(self);
     }
 }

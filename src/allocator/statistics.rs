@@ -1,11 +1,11 @@
 //! The device-wide statistics of a [`CachingAllocator`]: reading and resetting them,
-//! and the merges of the shards' statistics logs (`totals.rs`) that make every
+//! and the merges of the shards' statistics logs (`accounting/totals.rs`) that make every
 //! aggregate current value and peak exact over any number of streams and threads.
 
 use std::sync::atomic::Ordering;
 
+use super::accounting::totals::{allowances, sum_stats, Plan, Totals, SLOTS};
 use super::shard::ShardState;
-use super::totals::{allowances, sum_stats, Plan, Totals, SLOTS};
 use super::CachingAllocator;
 use crate::stats::DeviceStats;
 
@@ -56,8 +56,7 @@ impl CachingAllocator {
     pub fn reset_peak_stats(&self) {
         let mut totals = self.shared.totals.lock();
         self.cut(&mut totals, true, |st| {
-            st.acct.stats.reset_peak();
-            st.acct.log.reset_saved();
+            st.acct.reset_peak();
         });
         totals.reset_peak();
         self.shared
@@ -80,7 +79,7 @@ impl CachingAllocator {
         if !totals.enabled {
             return;
         }
-        let per: Vec<DeviceStats> = guards.iter().map(|st| st.acct.stats).collect();
+        let per: Vec<DeviceStats> = guards.iter().map(|st| *st.acct.stats()).collect();
         let refs: Vec<&DeviceStats> = per.iter().collect();
         let plan = totals.plan(&refs);
         // Quiet mode for the next window (`totals/quiet.rs`) when the allowances can be
@@ -95,18 +94,11 @@ impl CachingAllocator {
         for (k, st) in guards.iter_mut().enumerate() {
             let acct = &mut st.acct;
             if let Some(start) = &mut start {
-                let base = acct.log.base(&acct.stats);
+                let base = acct.log_base();
                 start.iter_mut().zip(base).for_each(|(s, b)| *s += b);
             }
-            match plan {
-                Plan::Skip(_) => acct.log.clear(),
-                Plan::Replay(_) => logs.push(acct.log.swap(totals.spare())),
-            }
-            acct.log.open_window(&mut acct.stats);
-            match &rooms {
-                Some(r) => acct.log.go_quiet(r[k], &acct.stats),
-                None => acct.log.go_loud(),
-            }
+            let spare = matches!(plan, Plan::Replay(_)).then(|| totals.spare());
+            logs.extend(acct.cut_log(spare, rooms.as_ref().map(|r| r[k])));
         }
         self.shared.take_merge();
         drop(guards);

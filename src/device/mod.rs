@@ -11,81 +11,9 @@ pub mod acl;
 pub mod cuda;
 pub mod sim;
 
-pub use crate::handle::{DeviceIndex, DevicePtr, EventHandle, MempoolId, PhysHandle, StreamHandle};
-
-/// Free and total memory of a device, in bytes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MemInfo {
-    /// Bytes the runtime could still allocate.
-    pub free: usize,
-    /// Total device memory.
-    pub total: usize,
-}
-
-/// Errors reported by a device backend.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum DeviceError {
-    /// The runtime could not satisfy an allocation.
-    #[error("device {device} out of memory: tried to allocate {requested} bytes")]
-    OutOfMemory {
-        /// Device index.
-        device: DeviceIndex,
-        /// Bytes asked of the runtime.
-        requested: usize,
-    },
-    /// The device index is not below the runtime's device count.
-    #[error("invalid device {device}: the runtime has {count} device(s)")]
-    InvalidDevice {
-        /// The index asked for.
-        device: i64,
-        /// Devices the runtime has.
-        count: usize,
-    },
-    /// The stream is not known to the runtime.
-    #[error("unknown stream {stream} on device {device}")]
-    UnknownStream {
-        /// Device index.
-        device: DeviceIndex,
-        /// The stream handle.
-        stream: StreamHandle,
-    },
-    /// The event handle is not (or no longer) valid.
-    #[error("unknown or destroyed event {event:#x} on device {device}")]
-    UnknownEvent {
-        /// Device index.
-        device: DeviceIndex,
-        /// The raw event handle.
-        event: usize,
-    },
-    /// A pointer given to the runtime is not a live device allocation.
-    #[error("pointer {ptr:#x} is not a live allocation of device {device}")]
-    InvalidPointer {
-        /// Device index.
-        device: DeviceIndex,
-        /// The pointer.
-        ptr: DevicePtr,
-    },
-    /// The runtime reported another failure; `code` is its own error code.
-    #[error("runtime call {call} failed with code {code}: {message}")]
-    Runtime {
-        /// The runtime function that failed.
-        call: &'static str,
-        /// The runtime's error code.
-        code: i64,
-        /// The runtime's message, if it gave one.
-        message: String,
-    },
-    /// The runtime library or one of its functions is missing.
-    #[error("backend unavailable: {0}")]
-    Unavailable(String),
-}
-
-impl DeviceError {
-    /// True when this error means "no memory left", which the allocator may recover from.
-    pub fn is_out_of_memory(&self) -> bool {
-        matches!(self, DeviceError::OutOfMemory { .. })
-    }
-}
+pub use crate::handle::{
+    DeviceError, DeviceIndex, DevicePtr, EventHandle, MemInfo, MempoolId, PhysHandle, StreamHandle,
+};
 
 /// What the caching allocator needs from a device runtime.
 ///

@@ -2,4 +2,4 @@
 
 pub mod mstx;
 
-pub use mstx::{Mstx, RangeGuard, RangeId};
+pub use mstx::{HeldRange, Mstx, RangeGuard, RangeId};

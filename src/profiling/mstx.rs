@@ -235,6 +235,32 @@ impl Mstx {
         };
         RangeGuard { mstx: self, id }
     }
+
+    /// [`range`](Self::range) with a guard that holds the markers, for a range kept
+    /// while its opener goes on changing the state the markers were borrowed from.
+    pub fn range_held(self: &Arc<Self>, message: impl FnOnce() -> String) -> HeldRange {
+        let id = self.range(message).id.take();
+        HeldRange {
+            mstx: self.clone(),
+            id,
+        }
+    }
+}
+
+/// Ends its range when dropped, holding the markers it was opened with
+/// ([`Mstx::range_held`]).
+#[must_use = "the range ends when the guard is dropped"]
+pub struct HeldRange {
+    mstx: Arc<Mstx>,
+    id: Option<RangeId>,
+}
+
+impl Drop for HeldRange {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take() {
+            self.mstx.range_end(id);
+        }
+    }
 }
 
 /// Ends its range when dropped.

@@ -67,41 +67,46 @@ fn captures_sharing_a_pool_reuse_its_blocks_and_release_returns_them() {
     a.empty_cache().unwrap();
     assert_eq!(a.private_pool_bytes(), 0);
     assert_eq!(a.stats().num_device_alloc, devices_mallocs);
-    assert!(matches!(
-        a.begin_allocate_to_pool(P, s),
-        Err(Error::InvalidState(_))
-    ));
+    // A pool with no use left may be begun again (PyTorch makes it anew).
+    a.begin_allocate_to_pool(P, s).unwrap();
+    assert_eq!(a.pool_use_count(P), 1);
+    a.end_allocate_to_pool(P).unwrap();
+    a.release_pool(P).unwrap();
     check(&a);
     assert_drained(&sim, &a);
 }
 
+/// Frees during a capture: no event call while it is underway; afterwards, one event
+/// per stream the block was used on (before the capture or during it).
 #[test]
 fn frees_with_stream_uses_wait_for_the_end_of_the_capture() {
     let (sim, a) = manual(1 << 30);
     let s = sim.create_stream(0).unwrap();
     let other = sim.create_stream(0).unwrap();
+    let pre = a.malloc(4096, s).unwrap();
+    a.record_stream(pre, other).unwrap();
     a.begin_allocate_to_pool(P, s).unwrap();
     let x = a.malloc(4096, s).unwrap();
     a.record_stream(x, other).unwrap();
     a.free(x).unwrap();
+    a.free(pre).unwrap();
     assert_eq!(
         sim.counters(0).event_records,
         0,
         "an event call during capture"
     );
-    assert_eq!(
-        a.segments()[0].blocks[0].state,
-        BlockState::ActivePendingFree
-    );
+    let states: Vec<_> = a.segments().iter().map(|g| g.blocks[0].state).collect();
+    assert_eq!(states, [BlockState::ActivePendingFree; 2]);
     check(&a);
     a.end_allocate_to_pool(P).unwrap();
-    assert_eq!(sim.counters(0).event_records, 1);
-    sim.complete_stream(0, other).unwrap();
+    assert_eq!(sim.counters(0).event_records, 2);
+    sim.launch(0, other, |_| {}).unwrap();
     a.begin_allocate_to_pool(P, s).unwrap();
     // Event polling is skipped during the capture: the block is not yet reusable.
     let y = a.malloc(4096, s).unwrap();
     assert_ne!(y, x);
     a.end_allocate_to_pool(P).unwrap();
+    sim.complete_stream(0, other).unwrap();
     let z = a.malloc(512, StreamHandle::DEFAULT).unwrap();
     a.free(y).unwrap();
     a.free(z).unwrap();
@@ -123,7 +128,11 @@ fn pool_calls_are_checked() {
         a.end_allocate_to_pool(P),
         Err(Error::InvalidState(_))
     ));
-    assert!(matches!(a.release_pool(P), Err(Error::InvalidArgument(_))));
+    assert!(matches!(a.release_pool(P), Err(Error::UnknownPool { .. })));
+    assert!(matches!(
+        a.release_pool(MempoolId(0, 0)),
+        Err(Error::InvalidArgument(_))
+    ));
     a.begin_allocate_to_pool(P, s).unwrap();
     assert!(matches!(
         a.begin_allocate_to_pool(MempoolId(8, 0), s),
@@ -211,7 +220,10 @@ fn reserved_bytes_by_private_pool_span_streams_and_outlive_the_pool_until_reset(
     a.empty_cache().unwrap(); // the pool is still in use: it keeps its memory
     assert_eq!(a.private_pool_stats(), during);
     check(&a);
-    a.release_pool(P).unwrap(); // both streams' use of the pool
+    a.release_pool(P).unwrap(); // one use per begin: s1's
+    a.empty_cache().unwrap();
+    assert_eq!(a.private_pool_stats(), during, "s2's use keeps the memory");
+    a.release_pool(P).unwrap(); // s2's
     a.empty_cache().unwrap();
     let after = a.private_pool_stats()[0].reserved_bytes;
     assert_eq!(

@@ -26,6 +26,8 @@ mod pickle;
 #[cfg(feature = "cli")]
 mod placement;
 mod policy;
+mod pool_lifetime;
+mod pool_props;
 #[cfg(feature = "cli")]
 mod pressure;
 #[cfg(feature = "cli")]

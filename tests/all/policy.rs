@@ -188,3 +188,52 @@ fn on_random_churn_the_defaults_never_reserve_more_than_pytorch() {
         "(seed, ours MiB, PyTorch's MiB): {worse:?}"
     );
 }
+
+/// The memory-short regime (`npualloc::policy`): entered by a failed growth the device
+/// could hold when empty, visible, and ended by `empty_cache`; in it a new segment is
+/// the request's own size, else an adaptive one.
+#[test]
+fn a_failed_growth_enters_the_memory_short_regime_and_empty_cache_ends_it() {
+    use npualloc::device::sim::{SimConfig, SimDevice};
+    use npualloc::{CachingAllocator, Config, Regime, StreamHandle};
+    let mib = 1usize << 20;
+    let sim = SimDevice::new(SimConfig {
+        capacity: 100 * mib,
+        ..SimConfig::default()
+    });
+    let a = CachingAllocator::new(sim.clone(), 0, Config::default()).unwrap();
+    let s = StreamHandle::DEFAULT;
+    let reserved_by = |size: usize| {
+        let before = a.usage().reserved;
+        let p = a.malloc(size, s).unwrap();
+        (p, a.usage().reserved - before)
+    };
+    let (big, _) = reserved_by(60 * mib);
+    assert_eq!(a.regime(), Regime::Plentiful);
+    // 1 GiB is larger than the device: the caller's error, not a shortage.
+    assert!(a.malloc(1 << 30, s).is_err());
+    assert_eq!(a.regime(), Regime::Plentiful);
+    // Plentiful: 12 MiB takes an adaptive 20 MiB segment.
+    let (p, grown) = reserved_by(12 * mib);
+    assert_eq!(grown, 20 * mib);
+    a.free(p).unwrap();
+    a.empty_cache().unwrap();
+    // 50 MiB more fits on an empty device but not beside the 60 MiB: memory is short.
+    assert!(a.malloc(50 * mib, s).is_err());
+    assert_eq!(a.regime(), Regime::MemoryShort);
+    let (p, grown) = reserved_by(12 * mib);
+    assert_eq!(
+        grown,
+        12 * mib,
+        "the request's own size while memory is short"
+    );
+    a.free(p).unwrap();
+    a.empty_cache().unwrap();
+    assert_eq!(a.regime(), Regime::Plentiful);
+    let (p, grown) = reserved_by(12 * mib);
+    assert_eq!(grown, 20 * mib, "adaptive again after empty_cache");
+    for p in [p, big] {
+        a.free(p).unwrap();
+    }
+    a.check_invariants().unwrap();
+}

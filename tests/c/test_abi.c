@@ -260,7 +260,9 @@ static void test_graph_pools(void) {
   CHECK(npualloc_end_allocate_to_pool(0, 1, 2) == NPUALLOC_ERR_INVALID_STATE);
   npualloc_free(g, 0, 0, cap);
   CHECK(npualloc_release_pool(0, 1, 2) == NPUALLOC_OK);
-  CHECK(npualloc_release_pool(0, 9, 9) == NPUALLOC_ERR_INVALID_ARGUMENT);
+  CHECK(npualloc_release_pool(0, 1, 2) == NPUALLOC_ERR_UNKNOWN_POOL); /* no use left */
+  CHECK(npualloc_release_pool(0, 9, 9) == NPUALLOC_ERR_UNKNOWN_POOL);
+  CHECK(npualloc_release_pool(0, 0, 0) == NPUALLOC_ERR_INVALID_ARGUMENT);
   CHECK(npualloc_check_invariants(0) == NPUALLOC_OK);
 }
 
@@ -311,6 +313,12 @@ static void test_private_pool_stats(void) {
   CHECK(npualloc_end_allocate_to_pool(0, 5, 6) == NPUALLOC_OK);
   npualloc_free(x, 0, 0, a);
   npualloc_free(y, 0, 0, b);
+  /* One use per begin: the pool keeps its memory until both are released. */
+  CHECK(npualloc_release_pool(0, 5, 6) == NPUALLOC_OK);
+  CHECK(npualloc_empty_cache_device(0) == NPUALLOC_OK);
+  CHECK(npualloc_get_private_pool_stats(0, pools, CAP, &n) == NPUALLOC_OK);
+  p = find_pool(pools, n, 5, 6);
+  CHECK(p != NULL && p->reserved_bytes[0].current == 22 << 20);
   CHECK(npualloc_release_pool(0, 5, 6) == NPUALLOC_OK);
   CHECK(npualloc_empty_cache_device(0) == NPUALLOC_OK);
   CHECK(npualloc_get_private_pool_stats(0, pools, CAP, &n) == NPUALLOC_OK);

@@ -157,14 +157,20 @@ static aclError enter(int need_device) {
   } while (0)
 
 /* Graph-capture rules, when a capture runtime is linked in (the torch_npu stand-in's
- * standin_extra.c defines this; plain fake builds have none): a call the runtime
- * refuses from a capturing thread (allocation, free, query, synchronisation) fails. */
-#define FAKE_ACL_ERROR_CAPTURE_REFUSED 107031
-extern int standin_capture_refuses(const char *call) __attribute__((weak));
-#define REFUSE_IN_CAPTURE(call)                                            \
+ * standin_extra.c defines standin_capture_check; plain fake builds have none): a query
+ * or synchronisation of a stream being captured, of an event recorded in an open
+ * capture, or of the device while a capture is open fails with the runtime's error
+ * code. Allocation and free are not restricted by a capture (see standin_extra.c). */
+#define FAKE_CAPTURE_STREAM 1 /* handle: the stream queried or synchronised */
+#define FAKE_CAPTURE_EVENT 2  /* handle: the event queried or synchronised */
+#define FAKE_CAPTURE_DEVICE 3 /* the current device synchronised */
+extern aclError standin_capture_check(const char *call, int what, void *handle) __attribute__((weak));
+#define REFUSE_IN_CAPTURE(call, what, handle)                              \
   do {                                                                     \
-    if (standin_capture_refuses && standin_capture_refuses(call))          \
-      return FAKE_ACL_ERROR_CAPTURE_REFUSED;                               \
+    if (standin_capture_check) {                                           \
+      aclError refused_ = standin_capture_check(call, what, handle);       \
+      if (refused_) return refused_;                                       \
+    }                                                                      \
   } while (0)
 
 static fake_stream *stream_of(aclrtStream s) {
@@ -235,7 +241,6 @@ static aclError check_capacity(size_t size) {
 }
 
 static aclError do_malloc(void **p, size_t size) {
-  REFUSE_IN_CAPTURE("aclrtMalloc");
   aclError rc = enter(1);
   if (rc) LEAVE(rc);
   if ((rc = check_capacity(size))) LEAVE(rc);
@@ -268,7 +273,6 @@ EXPORT aclError aclrtMallocAlign32(void **p, size_t size, int policy) {
 
 #ifndef FAKE_NO_FREE
 EXPORT aclError aclrtFree(void *p) {
-  REFUSE_IN_CAPTURE("aclrtFree");
   aclError rc = enter(1);
   if (rc) LEAVE(rc);
   for (size_t i = 0; i < n_allocs; i++) {
@@ -343,7 +347,7 @@ static int event_done(const fake_event *ev) { return !ev->stream || ev->stream->
 
 #ifndef FAKE_NO_QUERY_EVENT_STATUS
 EXPORT aclError aclrtQueryEventStatus(aclrtEvent e, int *status) {
-  REFUSE_IN_CAPTURE("aclrtQueryEventStatus");
+  REFUSE_IN_CAPTURE("aclrtQueryEventStatus", FAKE_CAPTURE_EVENT, e);
   aclError rc = enter(0);
   if (rc) LEAVE(rc);
   fake_event *ev = event_of(e);
@@ -354,7 +358,7 @@ EXPORT aclError aclrtQueryEventStatus(aclrtEvent e, int *status) {
 #endif
 
 EXPORT aclError aclrtQueryEvent(aclrtEvent e, int *status) {
-  REFUSE_IN_CAPTURE("aclrtQueryEvent");
+  REFUSE_IN_CAPTURE("aclrtQueryEvent", FAKE_CAPTURE_EVENT, e);
   aclError rc = enter(0);
   if (rc) LEAVE(rc);
   fake_event *ev = event_of(e);
@@ -364,7 +368,7 @@ EXPORT aclError aclrtQueryEvent(aclrtEvent e, int *status) {
 }
 
 EXPORT aclError aclrtSynchronizeEvent(aclrtEvent e) {
-  REFUSE_IN_CAPTURE("aclrtSynchronizeEvent");
+  REFUSE_IN_CAPTURE("aclrtSynchronizeEvent", FAKE_CAPTURE_EVENT, e);
   aclError rc = enter(1);
   if (rc) LEAVE(rc);
   fake_event *ev = event_of(e);
@@ -394,7 +398,7 @@ EXPORT aclError aclrtStreamWaitEvent(aclrtStream s, aclrtEvent e) {
 }
 
 EXPORT aclError aclrtSynchronizeDevice(void) {
-  REFUSE_IN_CAPTURE("aclrtSynchronizeDevice");
+  REFUSE_IN_CAPTURE("aclrtSynchronizeDevice", FAKE_CAPTURE_DEVICE, NULL);
   aclError rc = enter(1);
   if (rc) LEAVE(rc);
   counters.synchronize_calls++;
@@ -405,7 +409,7 @@ EXPORT aclError aclrtSynchronizeDevice(void) {
 }
 
 EXPORT aclError aclrtStreamQuery(aclrtStream s, int *status) {
-  REFUSE_IN_CAPTURE("aclrtStreamQuery");
+  REFUSE_IN_CAPTURE("aclrtStreamQuery", FAKE_CAPTURE_STREAM, s);
   aclError rc = enter(1);
   if (rc) LEAVE(rc);
   fake_stream *st = stream_of(s);
@@ -415,7 +419,7 @@ EXPORT aclError aclrtStreamQuery(aclrtStream s, int *status) {
 }
 
 EXPORT aclError aclrtSynchronizeStream(aclrtStream s) {
-  REFUSE_IN_CAPTURE("aclrtSynchronizeStream");
+  REFUSE_IN_CAPTURE("aclrtSynchronizeStream", FAKE_CAPTURE_STREAM, s);
   aclError rc = enter(1);
   if (rc) LEAVE(rc);
   fake_stream *st = stream_of(s);
@@ -502,7 +506,6 @@ EXPORT aclError aclrtReleaseMemAddress(void *va) {
 #ifndef FAKE_NO_VMM
 EXPORT aclError aclrtMallocPhysical(void **handle, size_t size, const aclrtPhysicalMemProp *prop,
                                     uint64_t flags) {
-  REFUSE_IN_CAPTURE("aclrtMallocPhysical");
   aclError rc = enter(1);
   if (rc) LEAVE(rc);
   if (flags || !prop || prop->handleType != 0 || prop->allocationType != 0 ||
@@ -534,7 +537,6 @@ EXPORT aclError aclrtFreePhysical(void *handle) {
 }
 
 EXPORT aclError aclrtMapMem(void *va, size_t size, size_t offset, void *handle, uint64_t flags) {
-  REFUSE_IN_CAPTURE("aclrtMapMem");
   aclError rc = enter(1);
   if (rc) LEAVE(rc);
   vm_rec *h = handle_rec(handle);
@@ -552,7 +554,6 @@ EXPORT aclError aclrtMapMem(void *va, size_t size, size_t offset, void *handle, 
 }
 
 EXPORT aclError aclrtUnmapMem(void *va) {
-  REFUSE_IN_CAPTURE("aclrtUnmapMem");
   aclError rc = enter(1);
   if (rc) LEAVE(rc);
   for (vm_rec *r = vm_recs; r; r = r->next_rec) {

@@ -69,7 +69,7 @@ def start(install=True, **install_kwargs):
         import npualloc
 
         ctx.npualloc = npualloc
-        ctx.pluggable = npualloc.install(**install_kwargs)
+        ctx.allocator = npualloc.install(**install_kwargs)
         ctx.lib = npualloc.load()
     ctx.standin = Standin()
     return ctx

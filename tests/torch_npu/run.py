@@ -17,17 +17,25 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-# name -> why it is expected to fail (issue and item)
+# run name -> why it is expected to fail (issue and item)
 EXPECTED_FAILURES = {}
 
 # Scenarios run again under other settings: torch_npu's task queue off (0) and in its
 # second mode (2; the default is 1), and with one task queue per stream
 # (PER_STREAM_QUEUE=1, torch_npu's name for it: by default every stream shares one).
+# "argv" holds arguments for the scenario (torchair_seed --npualloc: with npualloc
+# installed, compared with the base run's record).
 VARIANTS = {
     "record_stream": [{"TASK_QUEUE_ENABLE": "0"}, {"TASK_QUEUE_ENABLE": "2"}, {"PER_STREAM_QUEUE": "1"}],
     "events": [{"TASK_QUEUE_ENABLE": "0"}, {"TASK_QUEUE_ENABLE": "2"}],
     "graph_capture": [{"PER_STREAM_QUEUE": "1"}],
+    "torchair_seed": [{"argv": ["--npualloc"]}],
 }
+
+
+def variant_name(name, variant):
+    parts = ["%s=%s" % kv for kv in variant.items() if kv[0] != "argv"] + variant.get("argv", [])
+    return "%s[%s]" % (name, ",".join(parts))
 
 
 def scenario_env():
@@ -61,15 +69,20 @@ def main():
     if not names:
         sys.exit("run.py: no scenario matches %r" % flt)
     base_env = scenario_env()
+    # Where a scenario leaves a record a later run of it compares with (its variants run
+    # after every base run).
+    shared = tempfile.TemporaryDirectory()
+    base_env["SCENARIO_SHARED_DIR"] = shared.name
     failed = []
     runs = [(n, n, {}) for n in names]
-    runs += [("%s[%s]" % (n, ",".join("%s=%s" % kv for kv in v.items())), n, v)
-             for n in names for v in VARIANTS.get(n, [])]
-    for name, script, extra in runs:
+    runs += [(variant_name(n, v), n, v) for n in names for v in VARIANTS.get(n, [])]
+    for name, script, variant in runs:
+        extra = {k: v for k, v in variant.items() if k != "argv"}
         env = dict(base_env, **extra)
         t0 = time.time()
         with tempfile.TemporaryDirectory() as cwd:  # torch_npu may write files there
-            p = subprocess.run([sys.executable, os.path.join(HERE, "scenarios", script + ".py")],
+            p = subprocess.run([sys.executable, os.path.join(HERE, "scenarios", script + ".py")]
+                               + variant.get("argv", []),
                                env=env, cwd=cwd, capture_output=True, text=True, timeout=600)
         took = time.time() - t0
         ok = p.returncode == 0

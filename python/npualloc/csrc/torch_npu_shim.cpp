@@ -1,34 +1,36 @@
-// Adapts torch_npu's C++-typed NPUPluggableAllocator hooks to npualloc's C ABI.
+// npualloc as torch_npu's complete allocator: a subclass of torch_npu's public abstract
+// c10_npu::NPUCachingAllocator::NPUAllocator over npualloc's C ABI.
 //
 // Compiled on the user's machine by npualloc.install() with
 // torch.utils.cpp_extension.load (C++20), against the installed torch_npu's headers
 // (<torch_npu>/include, which also holds the real CANN headers: acl/acl_rt.h) and
-// linked against libtorch_npu.so. It uses only API that libtorch_npu exports
-// (C10_NPU_API). Checked against torch_npu 2.14.0 (tests/torch_npu/: the real wheel on
+// linked against libtorch_npu.so; it uses only API that libtorch_npu exports
+// (C10_NPU_API). The interface is torch_npu 2.14's (npualloc.install() refuses other
+// versions). Checked against torch_npu 2.14.0 (tests/torch_npu/: the real wheel on
 // stand-in CANN libraries).
 //
-// - malloc/free: npualloc_shim_malloc routes allocations to a graph-private pool while
-//   a torch_npu graph capture runs (see below), then calls npualloc_malloc; a failure
-//   is thrown as torch's error with npualloc's message (c10::OutOfMemoryError for out
-//   of memory, which Python sees as torch.OutOfMemoryError).
-// - record/erase_stream: torch_npu passes a c10_npu::NPUStream; npualloc takes its
-//   aclrtStream. The stream is remembered (as is each allocation's stream, the current
-//   one) so the event hook can drain that stream's task queue.
-// - get_device_stats: npualloc_device_stats -> c10::CachingDeviceAllocator::DeviceStats,
-//   every field: torch 2.14's reserved_bytes_by_private_pools from
-//   npualloc_get_private_pool_stats (one entry per graph pool that reserved memory,
-//   kept with current 0 after the pool's memory went back, as PyTorch keeps it), and
-//   num_oom_rejections 0 (npualloc has no OOM preemption policy). torch_npu 2.14's
-//   torch.npu.memory_stats() does not show the map (its binding reads the other
-//   fields); C++ callers of c10_npu::NPUCachingAllocator::getDeviceStats see it.
-// - graph pools: torch_npu's NPUGraph calls begin_allocate_to_pool(device, pool,
-//   filter) before a capture, where filter(stream) says whether a stream takes part in
-//   that capture (the capture stream, and side streams that joined it by waiting on an
-//   event recorded in it). npualloc routes one stream per call, so the shim keeps the
-//   filter and, at each allocation while a capture is open on the device, routes a
-//   stream the filter accepts (npualloc_begin_allocate_to_pool) before allocating on
-//   it. end_allocate_to_pool ends the routing of every stream routed; release_pool
-//   drops the pool's use.
+// Installing (npualloc.install()): torch_npu's own swap,
+// torch_npu._C._npu_changeCurrentAllocator(shared_ptr<NPUAllocator>) (refused once the
+// current allocator is initialized; it stores the pointer in the exported
+// c10_npu::NPUCachingAllocator::allocator, through which every torch.npu memory entry
+// goes, and keeps it alive), then c10::SetAllocator(PrivateUse1) so that
+// c10::GetAllocator / torch.accelerator reach it too.
+//
+// Every virtual method of NPUAllocator, c10::DeviceAllocator and c10::Allocator is
+// either implemented with torch_npu's meaning or raises one error naming npualloc and
+// the method (complete_allocator.h: unsupported). The shared machinery (graph-pool
+// routing, history, OOM observers, checkpoints, snapshot) is complete_allocator.h.
+//
+// - Deleter identity: every DataPtr npualloc hands out, also those
+//   setCheckpointPoolState re-creates, carries raw_deleter() (graph trees compare it).
+//   The deleter never throws (it runs in destructors): a failed free warns.
+// - Streams: torch_npu allocates on the current stream; a stream seen through
+//   recordStream or an allocation is remembered, so the event hook can drain its task
+//   queue (below).
+// - HCCL hooks: getBlockPtr's "block" is the allocation's address; npualloc keeps the
+//   HCCL work that last used it (recordHcclWorkForBlock) and erases the HCCL stream's
+//   use only if that work is still the block's and the block was allocated on the
+//   current stream (eraseStreamWithBlockPtr), as torch_npu's allocator does.
 // - runtime hooks (docs/design.md, "The host framework's task queue"): torch_npu launches kernels
 //   through a host task queue, so an event recorded straight with aclrtRecordEvent
 //   could land before kernels still waiting there. Before recording, the event hook
@@ -44,30 +46,47 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
-#include <unordered_map>
 #include <string>
+#include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
 #include <acl/acl_rt.h>
 
+// NPUAllocator's inline methods use NPU_CHECK_ERROR and PTA_ERROR, whose helpers
+// libtorch_npu.so does not export: a subclass (which emits them) would not load. The
+// header's meaning is kept with exported pieces: a plain check, no error-code suffix.
+#include "torch_npu/csrc/core/npu/NPUException.h"
+#undef PTA_ERROR
+#define PTA_ERROR(error) std::string()
+#undef NPU_CHECK_ERROR
+#define NPU_CHECK_ERROR(err_code, ...)                                                            \
+  do {                                                                                            \
+    int npualloc_acl_rc = (err_code);                                                             \
+    TORCH_CHECK(npualloc_acl_rc == ACL_ERROR_NONE, std::string(#err_code) + " failed with " +     \
+                                                       std::to_string(npualloc_acl_rc));          \
+  } while (0)
+
 #include "torch_npu/csrc/core/npu/NPUCachingAllocator.h"
 #include "torch_npu/csrc/core/npu/NPUFunctions.h"
 #include "torch_npu/csrc/core/npu/NPUGuard.h"
 #include "torch_npu/csrc/core/npu/NPUStream.h"
-#include "torch_npu/csrc/npu/NPUPluggableAllocator.h"
 
-#include "graph_pools.h"
-#include "shim_common.h"
+#include "complete_allocator.h"
 #include "npualloc.h"
 
 namespace {
 
-using NpuStats = c10_npu::NPUCachingAllocator::DeviceStats;
-using Filter = std::function<bool(aclrtStream)>;
+namespace NPU = c10_npu::NPUCachingAllocator;
+using npualloc_shim::check;
+using npualloc_shim::unsupported;
 
-// ---- streams seen through record_stream, and the device of every event ----------
+constexpr c10::DeviceType kDevice = c10::DeviceType::PrivateUse1;
+
+// ---- streams seen through recordStream and allocations; events' devices ------------
 
 std::mutex g_mu;
 std::unordered_map<aclrtStream, c10::Stream> g_streams;  // raw handle -> torch_npu stream
@@ -93,80 +112,7 @@ void remember_allocation_stream(int device, aclrtStream raw) {
   if (cur.stream(false) == raw) remember(cur);
 }
 
-void record_stream(void* ptr, c10_npu::NPUStream stream) {
-  remember(stream);
-  npualloc_record_stream(ptr, stream.stream(false));
-}
-
-void erase_stream(void* ptr, c10_npu::NPUStream stream) {
-  npualloc_erase_stream(ptr, stream.stream(false));
-}
-
-// ---- statistics ------------------------------------------------------------------
-
-template <typename StatT>
-void copy_stat(StatT& dst, const npualloc_stat& src) {
-  dst.current = src.current;
-  dst.peak = src.peak;
-  dst.allocated = src.allocated;
-  dst.freed = src.freed;
-}
-
-template <typename ArrT>
-void copy_array(ArrT& dst, const npualloc_stat_array src) {
-  for (size_t i = 0; i < 3; ++i) copy_stat(dst[i], src[i]);
-}
-
-// Fills reserved_bytes_by_private_pools; left empty if npualloc cannot say.
-void copy_private_pools(int device, NpuStats& out) {
-  std::vector<npualloc_private_pool_stats> pools(4);
-  size_t n = 0;
-  for (;;) {
-    if (npualloc_get_private_pool_stats(device, pools.data(), pools.size(), &n) != NPUALLOC_OK) return;
-    if (n <= pools.size()) break;
-    pools.resize(n);  // more pools than room: read again, all of them
-  }
-  for (size_t i = 0; i < n; ++i) {
-    c10::MempoolId_t id{pools[i].id_hi, pools[i].id_lo};
-    copy_array(out.reserved_bytes_by_private_pools[id], pools[i].reserved_bytes);
-  }
-}
-
-NpuStats get_device_stats(c10::DeviceIndex device) {
-  npualloc_device_stats s{};
-  NpuStats out;
-  if (npualloc_get_device_stats(static_cast<int>(device), &s) != NPUALLOC_OK) return out;
-  copy_array(out.allocation, s.allocation);
-  copy_array(out.segment, s.segment);
-  copy_array(out.active, s.active);
-  copy_array(out.inactive_split, s.inactive_split);
-  copy_array(out.allocated_bytes, s.allocated_bytes);
-  copy_array(out.reserved_bytes, s.reserved_bytes);
-  copy_array(out.active_bytes, s.active_bytes);
-  copy_array(out.inactive_split_bytes, s.inactive_split_bytes);
-  copy_array(out.requested_bytes, s.requested_bytes);
-  out.num_alloc_retries = s.num_alloc_retries;
-  out.num_ooms = s.num_ooms;
-  copy_stat(out.oversize_allocations, s.oversize_allocations);
-  copy_stat(out.oversize_segments, s.oversize_segments);
-  out.num_sync_all_streams = s.num_sync_all_streams;
-  out.num_device_alloc = s.num_device_alloc;
-  out.num_device_free = s.num_device_free;
-  out.num_oom_rejections = 0;
-  out.max_split_size = s.max_split_size;
-  copy_private_pools(static_cast<int>(device), out);
-  return out;
-}
-
-void reset_peak_status(c10::DeviceIndex device) {
-  npualloc_reset_peak_stats(static_cast<int>(device));
-}
-
-// ---- graph-private pools (graph_pools.h) -------------------------------------------
-
-npualloc_shim::GraphPools<aclrtStream> g_graphs;
-
-// The filter asks the runtime whether the stream joined a capture; a join (a wait on an
+// A filter asks the runtime whether the stream joined a capture; a join (a wait on an
 // event of the capture) still in torch_npu's task queue would be missed, so the
 // allocating stream's queue is drained first.
 void drain_if_current(int device, aclrtStream stream) {
@@ -174,13 +120,407 @@ void drain_if_current(int device, aclrtStream stream) {
   if (cur.stream(false) == stream) (void)cur.stream();
 }
 
-void begin_allocate_to_pool(int device, c10::MempoolId_t pool, Filter filter) {
-  g_graphs.begin(device, pool, std::move(filter));
+void check_device(int device, const char* method) {
+  int n = npualloc_device_count();
+  TORCH_CHECK(device >= 0 && device < n, std::string("npualloc: ") + method + ": invalid device " +
+                                             std::to_string(device) + " (" + std::to_string(n) + " device(s))");
 }
 
-void end_allocate_to_pool(int device, c10::MempoolId_t pool) { g_graphs.end(device, pool); }
+int current_device() {
+  int device = 0;
+  NPU_CHECK_ERROR(c10_npu::GetDevice(&device));
+  return device;
+}
 
-void release_pool(int device, c10::MempoolId_t pool) { g_graphs.release(device, pool); }
+aclrtStream current_stream(int device) {
+  return c10_npu::getCurrentNPUStream(static_cast<c10::DeviceIndex>(device)).stream(false);
+}
+
+// ---- the allocator -----------------------------------------------------------------
+
+struct NpuTraits {
+  using TraceEntry = NPU::TraceEntry;
+  using RecordContext = NPU::RecordContext;
+  using CreateContextFn = NPU::CreateContextFn;
+  using AllocatorTraceTracker = NPU::AllocatorTraceTracker;
+
+  static TraceEntry make_entry(TraceEntry::Action action, int device, uint64_t addr, size_t size, void* stream,
+                               c10::MempoolId_t pool, std::shared_ptr<c10::GatheredContext> ctx) {
+    return TraceEntry(action, device, static_cast<int64_t>(addr), size, static_cast<aclrtStream>(stream), pool,
+                      std::move(ctx));
+  }
+};
+
+// The process-wide state behind the allocator object. Never destroyed: tensors may
+// still be freed (through the deleter) while static objects are torn down at exit.
+struct Engine {
+  npualloc_shim::PoolRouter<aclrtStream> router;
+  npualloc_shim::History<NpuTraits> history;
+  npualloc_shim::OomObservers<NPU::OutOfMemoryObserver> oom;
+  std::atomic<bool> initialized{false};
+};
+
+Engine& engine() {
+  static Engine* e = new Engine();
+  return *e;
+}
+
+// Allocates on `device` for `stream`, routed to a graph pool if an open
+// beginAllocateToPool filter accepts it; errors are torch's.
+void* malloc_block(size_t size, int device, aclrtStream stream) {
+  if (size == 0) return nullptr;
+  Engine& e = engine();
+  remember_allocation_stream(device, stream);
+  npualloc_shim::ContextScope scope(e.history.gather(NPU::RecordContext::STATE), false);
+  std::optional<c10::MempoolId_t> pool;
+  if (e.router.any_open()) pool = e.router.route(device, stream, drain_if_current);
+  return npualloc_shim::malloc_routed(size, device, stream, pool);
+}
+
+// Frees `ptr`; `raise`: a failure is torch's error, else a warning (the deleter).
+void free_block(void* ptr, bool raise) {
+  if (ptr == nullptr) return;
+  Engine& e = engine();
+  npualloc_shim::ContextScope scope(e.history.gather(NPU::RecordContext::ALL), true);
+  int rc = npualloc_shim::free_reporting(ptr);
+  if (raise) {
+    check(rc, "raw_delete");
+  } else {
+    npualloc_shim::warn_if_failed(rc, "free");
+  }
+}
+
+// The one deleter of every DataPtr npualloc hands out (raw_deleter()).
+void raw_deleter_fn(void* ptr) {
+  try {
+    free_block(ptr, false);
+  } catch (const std::exception& ex) {
+    TORCH_WARN(std::string("npualloc: free: ") + ex.what());
+  } catch (...) {
+  }
+}
+
+bool is_ours(const c10::DataPtr& ptr) { return ptr.get() != nullptr && ptr.get_deleter() == &raw_deleter_fn; }
+
+// How often torch reached the graph-mode methods (tests read it: the graph-tree and
+// torchair paths must have gone through them).
+enum Counted { kGetCheckpoint, kSetCheckpoint, kCheckLive, kSnapshot, kBeginPool, kEndPool, kReleasePool,
+               kCaptureBegin, kCaptureEnd, kRecordHistory, kCounted };
+constexpr const char* kCountedNames[kCounted] = {
+    "getCheckpointState", "setCheckpointPoolState", "checkPoolLiveAllocations", "snapshot",
+    "beginAllocateToPool", "endAllocateToPool", "releasePool", "markCaptureBegin", "markCaptureEnd",
+    "recordHistory"};
+std::atomic<uint64_t> g_calls[kCounted];
+
+void count(Counted c) { g_calls[c].fetch_add(1, std::memory_order_relaxed); }
+
+class NpuallocAllocator final : public NPU::NPUAllocator {
+ public:
+  using NPU::NPUAllocator::emptyCache;
+  using NPU::NPUAllocator::recordStream;
+
+  // -- c10::Allocator --
+  c10::DataPtr allocate(size_t size) override {
+    int device = current_device();
+    void* p = malloc_block(size, device, current_stream(device));
+    return {p, p, &raw_deleter_fn, c10::Device(kDevice, static_cast<c10::DeviceIndex>(device))};
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override { return &raw_deleter_fn; }
+
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    NPU_CHECK_ERROR(aclrtMemcpy(dest, count, src, count, ACL_MEMCPY_DEVICE_TO_DEVICE));
+  }
+
+  // -- c10::DeviceAllocator --
+  bool initialized() override { return engine().initialized.load(); }
+
+  void emptyCache(c10::MempoolId_t pool) override {
+    if (pool == c10::MempoolId_t{0, 0}) {
+      npualloc_empty_cache(true);
+      return;
+    }
+    // One pool's cached memory: reached from MemPool's destructor, so a failure warns.
+    int n = npualloc_device_count();
+    for (int d = 0; d < n; ++d) {
+      int rc = npualloc_empty_cache_pool(d, pool.first, pool.second);
+      if (rc != NPUALLOC_ERR_UNKNOWN_POOL) npualloc_shim::warn_if_failed(rc, "emptyCache");  // not on d: nothing
+    }
+  }
+
+  NPU::DeviceStats getDeviceStats(c10::DeviceIndex device) override { return npualloc_shim::device_stats(device); }
+
+  void resetAccumulatedStats(c10::DeviceIndex device) override {
+    check(npualloc_reset_accumulated_stats(device), "resetAccumulatedStats");
+  }
+
+  void resetPeakStats(c10::DeviceIndex device) override {
+    check_device(device, "resetPeakStats");
+    npualloc_reset_peak_stats(device);
+  }
+
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override {
+    c10_npu::NPUGuard guard(device);
+    size_t free = 0, total = 0;
+    NPU_CHECK_ERROR(aclrtGetMemInfo(ACL_HBM_MEM, &free, &total));
+    return {free, total};
+  }
+
+  // -- NPUAllocator --
+  c10::DataPtr allocate_with_aligned(size_t size, size_t aligned_kb) const override {
+    TORCH_CHECK(size <= SIZE_MAX - aligned_kb * 1024, "npualloc: allocate_with_aligned: size overflows");
+    int device = current_device();
+    size_t aligned = aligned_kb * 1024;
+    void* real = malloc_block(size == 0 ? 0 : size + aligned, device, current_stream(device));
+    void* p = real;
+    if (real != nullptr && aligned != 0) {
+      auto a = reinterpret_cast<uintptr_t>(real);
+      p = reinterpret_cast<void*>(aligned * ((a + aligned - 1) / aligned));
+    }
+    return {p, real, &raw_deleter_fn, c10::Device(kDevice, static_cast<c10::DeviceIndex>(device))};
+  }
+
+  void* raw_alloc(size_t nbytes) override {
+    int device = current_device();
+    return malloc_block(nbytes, device, current_stream(device));
+  }
+
+  void* raw_alloc_with_stream(size_t nbytes, aclrtStream stream) override {
+    return malloc_block(nbytes, current_device(), stream);
+  }
+
+  void raw_delete(void* ptr) override { free_block(ptr, true); }
+
+  void init(int device_count) override {
+    npualloc_init(device_count);
+    TORCH_CHECK(npualloc_device_count() >= 0, "npualloc: init: " + npualloc_shim::last_error());
+    engine().initialized.store(true);
+  }
+
+  double getMemoryFraction(int device) override {
+    double f = 1.0;
+    check(npualloc_get_memory_fraction(device, &f), "getMemoryFraction");
+    return f;
+  }
+
+  void setMemoryFraction(double fraction, int device) override {
+    check_device(device, "setMemoryFraction");
+    TORCH_CHECK(fraction >= 0.0 && fraction <= 1.0,
+                "npualloc: setMemoryFraction: invalid fraction " + std::to_string(fraction) + ", not within [0, 1]");
+    npualloc_shim::FailureWatch watch;
+    npualloc_set_memory_fraction(fraction, device);
+    if (watch.failed()) check(NPUALLOC_ERR_INVALID_ARGUMENT, "setMemoryFraction");
+  }
+
+  void emptyCacheImpl(bool check_error, bool free_physical) override {
+    if (!free_physical)
+      unsupported("emptyVirtAddrCache",
+                  "npualloc keeps no physical memory apart from its addresses; torch.npu.empty_cache() "
+                  "releases both");
+    npualloc_empty_cache(check_error);
+  }
+
+  void emptyCache(bool check_error) override { npualloc_empty_cache(check_error); }
+
+  void emptyVirtAddrCache(bool) override {
+    unsupported("emptyVirtAddrCache",
+                "npualloc keeps no physical memory apart from its addresses; torch.npu.empty_cache() "
+                "releases both");
+  }
+
+  void cacheInfo(int device, size_t* cached_and_free, size_t* largest_block) override {
+    check(npualloc_cache_info(device, cached_and_free, largest_block), "cacheInfo");
+  }
+
+  void* getBaseAllocation(void* ptr, size_t* size) override {
+    void* base = npualloc_base_alloc(ptr, size);
+    TORCH_CHECK(base != nullptr, "npualloc: getBaseAllocation: " + npualloc_shim::last_error());
+    return base;
+  }
+
+  void recordStream(const c10::DataPtr& ptr, c10_npu::NPUStream stream) override {
+    // An empty tensor's storage has no block, and a DataPtr of another allocator
+    // (shared across processes, from_blob) is not npualloc's to track: torch_npu's
+    // allocator skips both.
+    if (!is_ours(ptr)) return;
+    remember(stream);
+    npualloc_record_stream(ptr.get_context(), stream.stream(false));
+  }
+
+  void eraseStream(const c10::DataPtr& ptr, c10_npu::NPUStream stream) override {
+    if (!is_ours(ptr)) {
+      TORCH_WARN_ONCE("npualloc: eraseStream: the tensor's memory is not npualloc's; nothing erased");
+      return;
+    }
+    // torch_npu's rule: only when the block was allocated on the current stream (the one
+    // HCCL's wait was queued on); otherwise a new tensor there could reuse the block
+    // before the collective completed.
+    int device = stream.device_index();
+    check(npualloc_erase_stream_on_current(ptr.get_context(), stream.stream(false), current_stream(device)),
+          "eraseStream");
+  }
+
+  void eraseStreamWithBlockPtr(void* block_ptr, c10_npu::NPUStream stream, void* work_ptr) override {
+    TORCH_CHECK(block_ptr != nullptr, "npualloc: eraseStreamWithBlockPtr: invalid block pointer");
+    TORCH_CHECK(work_ptr != nullptr, "npualloc: eraseStreamWithBlockPtr: invalid HCCL work pointer");
+    // npualloc erases the HCCL stream's use only if `work` is still the block's last and
+    // the block was allocated on the current stream; otherwise nothing (torch_npu's rule).
+    check(npualloc_erase_stream_for_work(block_ptr, stream.stream(false), work_ptr,
+                                         current_stream(stream.device_index())),
+          "eraseStreamWithBlockPtr");
+  }
+
+  void* getBlockPtr(const c10::DataPtr& ptr) override { return is_ours(ptr) ? ptr.get_context() : nullptr; }
+
+  void recordHcclWorkForBlock(void* block_ptr, void* work_ptr) override {
+    // getBlockPtr gives no block for memory that is not npualloc's: nothing to remember.
+    if (block_ptr == nullptr) return;
+    check(npualloc_record_hccl_work(block_ptr, work_ptr), "recordHcclWorkForBlock");
+  }
+
+  NPU::SnapshotInfo snapshot(c10::MempoolId_t pool) override {
+    count(kSnapshot);
+    Engine& e = engine();
+    NPU::SnapshotInfo out;
+    std::vector<size_t> active = npualloc_shim::fill_segments(out.segments, pool, e.history);
+    int n = std::max(npualloc_device_count(), 0);
+    for (int d = 0; d < n; ++d)
+      e.history.record_snapshot(d, d < static_cast<int>(active.size()) ? active[d] : 0, pool);
+    out.device_traces = e.history.traces(static_cast<size_t>(n));
+    return out;
+  }
+
+  void beginAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t pool,
+                           std::function<bool(aclrtStream)> filter) override {
+    count(kBeginPool);
+    engine().router.begin(device, pool, std::move(filter), current_stream(device));
+  }
+
+  void endAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t pool) override {
+    count(kEndPool);
+    engine().router.end(device, pool);
+  }
+
+  // Reached from NPUGraph's destructor: warns rather than throws.
+  void releasePool(c10::DeviceIndex device, c10::MempoolId_t pool) override {
+    count(kReleasePool);
+    npualloc_shim::warn_if_failed(npualloc_release_pool(device, pool.first, pool.second), "releasePool");
+  }
+
+  int getPoolUseCount(c10::DeviceIndex device, c10::MempoolId_t pool) override {
+    return npualloc_shim::pool_use_count(device, pool);
+  }
+
+  // npualloc never serves an allocation outside a pool from the pool's memory: false
+  // (what MemPool's destructor sets) is its behaviour; true is refused.
+  void setUseOnOOM(c10::DeviceIndex, c10::MempoolId_t, bool use_on_oom) override {
+    if (use_on_oom)
+      unsupported("setUseOnOOM (MemPool(use_on_oom=True))",
+                  "npualloc never serves an allocation outside a pool from the pool's memory");
+  }
+
+  void setNoSplit(c10::DeviceIndex, c10::MempoolId_t) override {
+    unsupported("setNoSplit (MemPool(no_split=True))", "npualloc splits the segments of every pool");
+  }
+
+  bool hasCapturesUnderway(c10::DeviceIndex device) override {
+    bool underway = false;
+    check(npualloc_captures_underway(device, &underway), "hasCapturesUnderway");
+    return underway;
+  }
+
+  void markCaptureBegin(c10::DeviceIndex device) override {
+    count(kCaptureBegin);
+    check(npualloc_capture_begin(device), "markCaptureBegin");
+  }
+
+  void markCaptureEnd(c10::DeviceIndex device) override {
+    count(kCaptureEnd);
+    check(npualloc_capture_end(device), "markCaptureEnd");
+  }
+
+  void FreeDeviceCachedMemory(int device) override {
+    check(npualloc_empty_cache_device(device), "FreeDeviceCachedMemory");
+  }
+
+  std::string name() override { return "npualloc"; }
+
+  bool checkPoolLiveAllocations(c10::DeviceIndex device, c10::MempoolId_t pool,
+                                const std::unordered_set<void*>& expected) override {
+    count(kCheckLive);
+    return npualloc_shim::check_live(device, pool, expected);
+  }
+
+  NPU::ShareableHandle shareIpcHandle(void*) override {
+    unsupported("shareIpcHandle", "npualloc does not share device memory between processes");
+  }
+
+  std::shared_ptr<void> getIpcDevPtr(std::string) override {
+    unsupported("getIpcDevPtr", "npualloc does not share device memory between processes");
+  }
+
+  bool isHistoryEnabled() override { return engine().history.enabled(); }
+
+  void recordHistory(bool enabled, NPU::CreateContextFn recorder, size_t max_entries,
+                     NPU::RecordContext when) override {
+    count(kRecordHistory);
+    engine().history.record_history(enabled, recorder, max_entries, when, true, {});
+  }
+
+  void attachOutOfMemoryObserver(NPU::OutOfMemoryObserver observer) override {
+    engine().oom.attach(std::move(observer));
+  }
+
+  // torch_npu calls these observers when its throw_on_npumalloc_oom policy rejects an
+  // allocation before trying it; npualloc has no such policy (num_oom_rejections is
+  // always 0), so the observer is kept and never called.
+  void attachOomRejectionObserver(NPU::OomRejectionObserver observer) override {
+    std::lock_guard<std::mutex> lock(rejection_mu_);
+    rejection_observers_.push_back(std::move(observer));
+  }
+
+  bool checkUceInMemPool(int) override { unsupported("checkUceInMemPool", kNoUce); }
+  bool checkBlockIsSafe(const c10::DataPtr&) override { unsupported("checkBlockIsSafe", kNoUce); }
+  void markAllBlockUnsafe(int) override { unsupported("markAllBlockUnsafe", kNoUce); }
+  void updateBlockToSafe(const c10::DataPtr&) override { unsupported("updateBlockToSafe", kNoUce); }
+  void cleanEvent() override { unsupported("cleanEvent", kNoUce); }
+
+  void buildServerMemMapForHccl(int, std::shared_ptr<c10d_npu::HCCLComm>) override {
+    unsupported("buildServerMemMapForHccl (HCCL zero copy)",
+                "npualloc does not map its memory for HCCL peers; unset the HCCL zero-copy settings");
+  }
+
+  std::shared_ptr<NPU::AllocatorState> getCheckpointState(c10::DeviceIndex device, c10::MempoolId_t id) override {
+    count(kGetCheckpoint);
+    return npualloc_shim::checkpoint<NPU::AllocatorState>(device, id);
+  }
+
+  NPU::CheckpointDelta setCheckpointPoolState(c10::DeviceIndex device,
+                                              std::shared_ptr<NPU::AllocatorState> state) override {
+    count(kSetCheckpoint);
+    return npualloc_shim::restore<NPU::AllocatorState, NPU::CheckpointDelta>(device, state, &raw_deleter_fn, kDevice);
+  }
+
+  void attachAllocatorTraceTracker(NPU::AllocatorTraceTracker tracker) override {
+    engine().history.attach_tracker(std::move(tracker));
+  }
+
+  void createOrIncrefPool(c10::DeviceIndex device, c10::MempoolId_t pool,
+                          std::shared_ptr<NPU::NPUAllocator> allocator) override {
+    if (allocator && allocator.get() != this)
+      unsupported("createOrIncrefPool with another allocator (MemPool(allocator=...))",
+                  "npualloc's pools take their memory from npualloc");
+    check(npualloc_pool_incref(device, pool.first, pool.second), "createOrIncrefPool");
+  }
+
+ private:
+  static constexpr const char* kNoUce =
+      "npualloc does not track uncorrectable memory errors (UCE); torch_npu's UCE recovery needs "
+      "torch_npu's own allocator";
+
+  std::mutex rejection_mu_;
+  std::vector<NPU::OomRejectionObserver> rejection_observers_;
+};
 
 // ---- runtime hooks -----------------------------------------------------------------
 // npualloc (Rust) calls these: no C++ exception may unwind through it, so each hook
@@ -257,30 +597,24 @@ int event_query(void*, void* ev, int* done) {
 
 int event_synchronize(void*, void* ev) { return aclrtSynchronizeEvent(ev); }
 
+
 }  // namespace
 
-// The allocation entry points given to NPUPluggableAllocator (by name, from this
-// extension's file).
-extern "C" __attribute__((visibility("default"))) void* npualloc_shim_malloc(size_t size, int device,
-                                                                           aclrtStream stream) {
-  remember_allocation_stream(device, stream);
-  if (g_graphs.any_open()) g_graphs.route_if_captured(device, stream, drain_if_current);
-  return npualloc_shim::malloc_or_throw(size, device, stream);
-}
-
-extern "C" __attribute__((visibility("default"))) void npualloc_shim_free(void* ptr, size_t size, int device,
-                                                                        aclrtStream stream) {
-  npualloc_free(ptr, size, device, stream);
-}
-
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("record_stream_fn", [] { return npualloc_shim::addr(&record_stream); });
-  m.def("erase_stream_fn", [] { return npualloc_shim::addr(&erase_stream); });
-  m.def("get_device_stats_fn", [] { return npualloc_shim::addr(&get_device_stats); });
-  m.def("reset_peak_status_fn", [] { return npualloc_shim::addr(&reset_peak_status); });
-  m.def("begin_allocate_to_pool_fn", [] { return npualloc_shim::addr(&begin_allocate_to_pool); });
-  m.def("end_allocate_to_pool_fn", [] { return npualloc_shim::addr(&end_allocate_to_pool); });
-  m.def("release_pool_fn", [] { return npualloc_shim::addr(&release_pool); });
+  // The allocator, as torch_npu._C._npu_NPUAllocator (the type torch_npu registered for
+  // std::shared_ptr<NPUAllocator>), for torch_npu._C._npu_changeCurrentAllocator.
+  m.def("allocator", [] {
+    // Never destroyed: torch_npu keeps its own reference until exit.
+    static auto* a = new std::shared_ptr<NPU::NPUAllocator>(std::make_shared<NpuallocAllocator>());
+    return *a;
+  });
+  // After the swap: c10::GetAllocator(PrivateUse1) is torch_npu's native object until
+  // set; returns whether it is npualloc's now.
+  m.def("set_device_allocator", [] {
+    NPU::NPUAllocator* a = NPU::get();
+    c10::SetAllocator(kDevice, a, std::numeric_limits<uint8_t>::max());
+    return c10::GetAllocator(kDevice) == a;
+  });
   m.def("install_runtime_hooks", [] {
     npualloc_runtime_hooks h{};
     h.event_create = &event_create;
@@ -291,4 +625,32 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     h.device_synchronize = &device_synchronize;
     return npualloc_set_runtime_hooks(&h);
   });
+  m.def("method_calls", [] {
+    py::dict d;
+    for (int i = 0; i < kCounted; ++i) d[kCountedNames[i]] = g_calls[i].load();
+    return d;
+  });
+  // For tests: HCCL's multi-stream memory reuse (ProcessGroupHCCL, erase-record-stream
+  // mode with its optimisation) as torch_npu calls it, through the current allocator:
+  // the tensor is recorded on the HCCL stream and the block remembered for `work`
+  // (returns the block handle); then, after the tensor died, the HCCL stream's use is
+  // erased for `work`.
+  m.def("test_hccl_record", [](const at::Tensor& t, int64_t stream_id, int64_t device_index, int64_t device_type,
+                               uint64_t work) {
+    c10_npu::NPUStream stream(c10::Stream::unpack3(stream_id, static_cast<c10::DeviceIndex>(device_index),
+                                                   static_cast<c10::DeviceType>(device_type)));
+    const c10::DataPtr& dp = t.storage().data_ptr();
+    NPU::recordStream(dp, stream);
+    void* block = NPU::getBlockPtr(dp);
+    NPU::recordHcclWorkForBlock(block, reinterpret_cast<void*>(work));
+    return reinterpret_cast<uint64_t>(block);
+  });
+  m.def("test_hccl_erase", [](uint64_t block, int64_t stream_id, int64_t device_index, int64_t device_type,
+                              uint64_t work) {
+    c10_npu::NPUStream stream(c10::Stream::unpack3(stream_id, static_cast<c10::DeviceIndex>(device_index),
+                                                   static_cast<c10::DeviceType>(device_type)));
+    NPU::eraseStreamWithBlockPtr(reinterpret_cast<void*>(block), stream, reinterpret_cast<void*>(work));
+  });
+  // For tests: torch_npu's raw_deleter of the current allocator is npualloc's.
+  m.def("deleter_is_npualloc", [] { return NPU::get()->raw_deleter() == &raw_deleter_fn; });
 }

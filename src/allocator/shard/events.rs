@@ -10,7 +10,8 @@
 //! reaches 0.
 
 use super::ShardState;
-use crate::allocator::totals::Kind;
+use crate::allocator::accounting::Kind;
+use crate::allocator::history::{TraceAction, TraceEvent};
 use crate::device::{DeviceError, DevicePtr, EventHandle, StreamHandle};
 use crate::error::Error;
 use crate::pool::{BlockId, Phase};
@@ -55,7 +56,7 @@ impl ShardState {
             }
             // `return_lent` may synchronise with other threads (the capturing streams'
             // lock): the flag is loaded again for the changes after it
-            // (`../totals/quiet.rs`).
+            // (`../accounting/totals/quiet.rs`).
             if !LOG && self.acct.logging_by(&self.shared.stats_logging) {
                 return self.free_settle::<true>(id);
             }
@@ -68,11 +69,11 @@ impl ShardState {
     #[inline(always)]
     fn free_settle<const LOG: bool>(&mut self, id: BlockId) {
         if self.blocks[id].stream_uses.is_empty() {
+            self.forget_hccl_work(id);
             self.free_block_deferring(id, LOG);
-        } else if self.capture.capturing.is_some() {
-            // No event calls during a capture: record them when it ends.
-            self.blocks[id].add_wait();
-            self.capture.deferred.push(id);
+        } else if self.capture_underway() {
+            // No event calls during a capture: record them when none is underway.
+            self.defer_free(id);
         } else {
             self.insert_events(id);
         }
@@ -84,19 +85,19 @@ impl ShardState {
         let uses = std::mem::take(&mut self.blocks[id].stream_uses);
         let mut failed = false;
         for s in uses {
-            let recorded = self.waits.events.get(&*self.dev, index).and_then(|ev| {
+            let recorded = self.waits.event(&*self.dev, index).and_then(|ev| {
                 self.dev
                     .event_record(index, ev, s)
                     .map(|_| ev)
                     .inspect_err(|_| {
                         // Never queued: the event is idle and can go straight back.
-                        self.waits.events.put(ev);
+                        self.waits.recycle(ev);
                     })
             });
             match recorded {
                 Ok(ev) => {
                     self.blocks[id].add_wait();
-                    self.waits.pending.push(s, ev, id);
+                    self.waits.queue(s, ev, id);
                 }
                 Err(_) => failed = true,
             }
@@ -105,7 +106,7 @@ impl ShardState {
             // Without an event we cannot tell when that stream is done with the block:
             // park it until the next full synchronisation (empty_cache or OOM retry).
             self.blocks[id].add_wait();
-            self.waits.parked.push(id);
+            self.waits.park(id);
         }
     }
 
@@ -157,13 +158,8 @@ impl ShardState {
         if self.capture_underway() {
             return;
         }
-        let index = self.index;
-        let mut ready = Vec::new();
-        let events = &mut self.waits.events;
-        self.waits.pending.poll(&*self.dev, index, |_, ev, id| {
-            events.put(ev);
-            ready.push(id);
-        });
+        self.insert_deferred_events();
+        let ready = self.waits.poll(&*self.dev, self.index);
         for id in ready {
             self.event_done(id);
         }
@@ -171,56 +167,99 @@ impl ShardState {
 
     pub(super) fn event_done(&mut self, id: BlockId) {
         if self.blocks[id].end_wait() {
-            self.free_block(id);
+            self.free_completed(id);
+        }
+    }
+
+    /// Block `id`, freed earlier, waited for its last event: reusable now.
+    pub(super) fn free_completed(&mut self, id: BlockId) {
+        self.forget_hccl_work(id);
+        let b = &self.blocks[id];
+        let (ptr, size, stream, tag) = (b.ptr, b.requested, b.stream, b.pool);
+        self.shared.history.emit(|| TraceEvent {
+            action: TraceAction::FreeCompleted,
+            device: self.index,
+            address: ptr as u64,
+            size,
+            stream,
+            pool: tag.map(|t| self.capture.id_of(t)),
+        });
+        self.free_block(id);
+    }
+
+    /// `free` with its memory-history events: the free requested, and completed if
+    /// it waits for no other stream.
+    #[cold]
+    #[inline(never)]
+    pub fn free_traced(&mut self, id: BlockId) {
+        let b = &self.blocks[id];
+        let event = TraceEvent {
+            action: TraceAction::FreeRequested,
+            device: self.index,
+            address: b.ptr as u64,
+            size: b.requested,
+            stream: b.stream,
+            pool: self.pool_id(b.pool),
+        };
+        self.shared.history.emit(|| event);
+        self.free(id);
+        let waits = self
+            .blocks
+            .get(id)
+            .is_some_and(|b| b.ptr as u64 == event.address && b.waits() > 0);
+        if !waits {
+            self.shared.history.emit(|| TraceEvent {
+                action: TraceAction::FreeCompleted,
+                ..event
+            });
         }
     }
 
     /// Waits for every pending event and parked free; PyTorch's `synchronize_and_free_events`.
     pub(super) fn synchronize_and_free_events(&mut self) -> Result<(), Error> {
         let index = self.index;
-        self.acct.stats.num_sync_all_streams += 1;
+        self.acct.count_sync_all_streams();
         let markers = self.shared.markers.clone();
         let _range = markers.range(|| {
             format!(
                 "npualloc.event_sync {} events dev{index}",
-                self.waits.pending.len()
+                self.waits.pending().len()
             )
         });
         let mut first_err: Option<DeviceError> = None;
-        if !self.waits.parked.is_empty() {
+        if !self.waits.parked().is_empty() {
             match self.dev.synchronize_device(index) {
                 Ok(()) => {
-                    for id in std::mem::take(&mut self.waits.parked) {
+                    for id in self.waits.take_parked() {
                         self.event_done(id);
                     }
                 }
                 Err(e) => first_err = Some(e),
             }
         }
-        let events = &mut self.waits.events;
+        let waits = &mut self.waits;
         if let Err(e) = self
             .lending
-            .fences
-            .synchronize(&*self.dev, index, None, |ev| events.put(ev))
+            .synchronize_fences(&*self.dev, index, None, |ev| waits.recycle(ev))
         {
             first_err.get_or_insert(e);
         }
         if let Err(e) = self.settle_unfenced() {
             first_err.get_or_insert(e);
         }
-        if self.shared.config.wait_before_growth {
+        if self.shared.policy.sync_per_stream {
             if let Err(e) = self.synchronize_pending_streams() {
                 first_err.get_or_insert(e);
             }
         } else {
-            for (s, ev, id) in self.waits.pending.drain() {
+            for (s, ev, id) in self.waits.drain() {
                 match self.dev.event_synchronize(index, ev) {
                     Ok(()) => {
-                        self.waits.events.put(ev);
+                        self.waits.recycle(ev);
                         self.event_done(id);
                     }
                     Err(e) => {
-                        self.waits.pending.push(s, ev, id);
+                        self.waits.queue(s, ev, id);
                         first_err.get_or_insert(e);
                     }
                 }
@@ -232,20 +271,20 @@ impl ShardState {
     /// Ends every pending free's waits, host-synchronising only the streams that hold
     /// pending frees whose events have not completed, each once: at its last pending
     /// event (events on one stream complete in order, so the earlier ones are complete
-    /// then). npualloc's path (`wait_before_growth`); PyTorch's synchronises each event.
+    /// then). With `sync_per_stream`; PyTorch's policy synchronises each event.
     fn synchronize_pending_streams(&mut self) -> Result<(), DeviceError> {
         let index = self.index;
         self.process_events();
         let mut first_err = None;
-        for s in self.waits.pending.streams() {
-            let Some(last) = self.waits.pending.last_on(s) else {
+        for s in self.waits.pending().streams() {
+            let Some(last) = self.waits.pending().last_on(s) else {
                 continue;
             };
             if let Err(e) = self.dev.event_synchronize(index, last) {
                 first_err.get_or_insert(e);
                 continue;
             }
-            let ended = self.waits.pending.take_stream(s);
+            let ended = self.waits.take_stream(s);
             self.waits_ended(ended);
         }
         first_err.map_or(Ok(()), Err)
@@ -255,8 +294,7 @@ impl ShardState {
     /// events are behind (completed, or waited for on the device by the only stream
     /// that will see the blocks): each event back to the pool, each wait ended.
     pub(super) fn waits_ended(&mut self, pairs: Vec<(EventHandle, BlockId)>) {
-        for (ev, id) in pairs {
-            self.waits.events.put(ev);
+        for id in self.waits.end(pairs) {
             self.event_done(id);
         }
     }
@@ -264,21 +302,20 @@ impl ShardState {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::{check, free, id_of, shard};
-    use super::super::NoPeers;
+    use super::super::testing::{check, free, id_of, malloc_ok, shard};
 
     #[test]
     fn a_block_used_on_another_stream_waits_for_its_event() {
         let (sim, mut st) = shard("");
         let side = sim.create_stream(0).unwrap();
-        let p = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
+        let p = malloc_ok(&mut st, 1000);
         let id = id_of(&st, p);
         st.record_stream(id, p, side).unwrap();
         free(&mut st, p);
         assert_eq!(st.pending_count(), 1);
         st.process_events();
         assert_eq!(st.pending_count(), 1, "the side stream has not run");
-        assert_ne!(st.malloc(1000, false, &NoPeers).unwrap().unwrap(), p);
+        assert_ne!(malloc_ok(&mut st, 1000), p);
         check(&st);
         sim.complete_stream(0, side).unwrap();
         st.process_events();
@@ -290,16 +327,16 @@ mod tests {
     fn a_block_whose_event_cannot_be_created_is_parked_until_a_synchronisation() {
         let (sim, mut st) = shard("");
         let side = sim.create_stream(0).unwrap();
-        let p = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
+        let p = malloc_ok(&mut st, 1000);
         let id = id_of(&st, p);
         st.record_stream(id, p, side).unwrap();
         sim.fail_nth_event_create(0, 1);
         free(&mut st, p);
-        assert_eq!(st.waits.parked, vec![id]);
+        assert_eq!(st.waits.parked(), [id]);
         check(&st);
         st.release_cached_blocks().unwrap();
-        assert!(st.waits.parked.is_empty());
-        assert_eq!(st.acct.reserved, 0);
+        assert!(st.waits.parked().is_empty());
+        assert_eq!(st.acct.reserved(), 0);
         check(&st);
     }
 
@@ -309,14 +346,14 @@ mod tests {
         let (sim, mut st) = shard(conf);
         let (a, b) = (sim.create_stream(0).unwrap(), sim.create_stream(0).unwrap());
         for side in [a, a, a, b] {
-            let p = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
+            let p = malloc_ok(&mut st, 1000);
             st.record_stream(id_of(&st, p), p, side).unwrap();
             sim.launch(0, side, |_| {}).unwrap();
             free(&mut st, p);
         }
         assert_eq!(st.pending_count(), 4);
         st.release_cached_blocks().unwrap();
-        assert_eq!((st.pending_count(), st.acct.reserved), (0, 0));
+        assert_eq!((st.pending_count(), st.acct.reserved()), (0, 0));
         check(&st);
         sim.counters(0).synchronizations
     }
@@ -324,6 +361,6 @@ mod tests {
     #[test]
     fn a_cache_release_synchronises_only_the_streams_holding_pending_frees_once_each() {
         assert_eq!(syncs_to_release(""), 2);
-        assert_eq!(syncs_to_release("wait_before_growth:False"), 4);
+        assert_eq!(syncs_to_release("sync_per_stream:False"), 4);
     }
 }

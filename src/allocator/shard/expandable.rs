@@ -21,7 +21,8 @@
 //! chain of blocks, counted as one segment in statistics and snapshots.
 
 use super::ShardState;
-use crate::allocator::totals::Kind;
+use crate::allocator::accounting::Kind;
+use crate::allocator::history::TraceAction;
 use crate::config::HEAD_ALIGN_MIN;
 use crate::device::{DevicePtr, StreamHandle};
 use crate::error::Error;
@@ -42,8 +43,8 @@ const UNMAP_SLACK_DIVISOR: usize = 32;
 
 /// With `adaptive_pages`, the large pool's page size (the mapping granule) is at
 /// most this fraction of the reserved high-water mark ([`vm_page_for`](ShardState::vm_page_for)).
-/// Measured on the 20 traces (`--conf expandable_segments:True`, benches/README.md,
-/// session 9 w3): 1/64 left unet_train at 1.022 (1.016 with fixed 20 MiB pages), 1/128
+/// Measured on the 20 traces (`--conf expandable_segments:True`, decision 021): 1/64
+/// left unet_train at 1.022 (1.016 with fixed 20 MiB pages), 1/128
 /// at 1.016 (PyTorch's smallest device 1.013), 1/256 at 1.011, every other trace at or
 /// under both; page maps 4,864 / 6,775 / 8,936 in all (1,529 with 20 MiB pages).
 const GRANULE_DIVISOR: usize = 256;
@@ -52,8 +53,8 @@ const GRANULE_MIN: usize = 2 << 20;
 /// With `adaptive_pages`, a growth maps pages of at least this fraction of its request
 /// (doubling from [`GRANULE_MIN`], [`vm_page_for`](ShardState::vm_page_for)): a request
 /// far above the mark's granule is not mapped in 2 MiB pages whose last one a repeated
-/// workload keeps unmapping and mapping again. Measured (benches/README.md, session 10
-/// w2): gpt2_infer `--repeat 4` mapped 99 pages every pass for its 196 MiB logits with
+/// workload keeps unmapping and mapping again. Measured (decision 021): gpt2_infer
+/// `--repeat 4` mapped 99 pages every pass for its 196 MiB logits with
 /// 2 MiB pages (176 maps once, 473 over four passes); with 1/32 (4 MiB pages for it)
 /// 128 maps once and over four passes; 1/16 also changed bert_train (1.015 → 1.020).
 const REQUEST_GRANULE_DIVISOR: usize = 32;
@@ -112,9 +113,8 @@ impl ShardState {
     /// into reservations of its own (`vm_grow`), so a small workload maps 2 MiB pages
     /// and a large one keeps the configured page.
     pub(super) fn vm_page_for(&self, kind: PoolKind, rounded: usize) -> usize {
-        let config = &self.shared.config;
-        let top = config.page_size(kind);
-        if kind == PoolKind::Small || !config.adaptive_pages {
+        let top = self.shared.config.page_size(kind);
+        if kind == PoolKind::Small || !self.shared.policy.adaptive_pages {
             return top;
         }
         let grain = self.dev.vm_granularity(self.index).unwrap_or(top);
@@ -132,9 +132,9 @@ impl ShardState {
     /// alignment when the block does not start at one and still holds the request from
     /// there; else 0. A dirty block (lending) is served as it is.
     pub(super) fn aligned_head(&self, b: &Block, rounded: usize) -> usize {
-        let config = &self.shared.config;
-        let align = config.base_addr_align;
-        if align == 0 || !config.expandable_segments || rounded < HEAD_ALIGN_MIN || b.dirty {
+        let policy = &self.shared.policy;
+        let align = policy.base_addr_align;
+        if align == 0 || !policy.expandable_segments || rounded < HEAD_ALIGN_MIN || b.dirty {
             return 0;
         }
         match b.ptr % align {
@@ -371,7 +371,7 @@ impl ShardState {
         let markers = self.shared.markers.clone();
         let range = markers.range(|| format!("npualloc.map {bytes}B dev{index}"));
         // One mapping per page, as PyTorch and torch_npu: a free page can always go back
-        // (mapping a whole grow at once was measured worse, benches/README.md).
+        // (mapping a whole grow at once was measured worse; decision 020).
         for i in 0..k {
             match self.dev.vm_map(index, va + i * page, page) {
                 Ok(h) => self.vm[seg].pages[first + i] = Some(h),
@@ -393,7 +393,7 @@ impl ShardState {
         }
         drop(range);
         self.shared.note_reserved();
-        self.acct.stats.num_device_alloc += k as i64;
+        self.acct.count_device_mallocs(k as i64);
 
         // Link the new pages to the runs they touch.
         let mut block = Block::segment(va, bytes, stream, kind);
@@ -414,7 +414,7 @@ impl ShardState {
         self.count_split(&touched, true);
         self.bytes_reserved(kind, bytes);
         let st = kind.stat_type();
-        self.note_pool_reserved(pool, kind, bytes, true);
+        self.note_device_memory(pool, kind, va, bytes, TraceAction::SegmentMap);
         let runs_delta = 1 - fit.left.is_some() as i64 - fit.right.is_some() as i64;
         self.acct.apply_net(Kind::Segment, st, runs_delta);
         self.coalesce(id, false);
@@ -481,7 +481,7 @@ impl ShardState {
             Some(id)
         } else {
             let b = self.blocks.remove(id);
-            self.lending.dirty.take(id); // clear marks only (dirty blocks are not unmapped)
+            self.lending.forget(id); // clear marks only (dirty blocks are not unmapped)
             if let Some(p) = b.prev {
                 self.blocks[p].next = None;
             }
@@ -512,13 +512,19 @@ impl ShardState {
         let s = &self.vm[seg];
         let runs_delta =
             s.is_mapped_at(lo.wrapping_sub(page)) as i64 + s.is_mapped_at(hi) as i64 - 1;
-        self.acct.reserved -= bytes;
+        self.acct.sub_reserved(bytes);
         self.shared.unreserve(bytes);
         let st = kind.stat_type();
         self.acct.decrease(Kind::ReservedBytes, st, bytes);
-        self.note_pool_reserved(self.vm[seg].pool, kind, bytes, false);
+        self.note_device_memory(
+            self.vm[seg].pool,
+            kind,
+            lo,
+            bytes,
+            TraceAction::SegmentUnmap,
+        );
         self.acct.apply_net(Kind::Segment, st, runs_delta);
-        self.acct.stats.num_device_free += done as i64;
+        self.acct.count_device_frees(done as i64);
         failure.map_or(Ok(bytes), |e| Err(e.into()))
     }
 
@@ -526,7 +532,7 @@ impl ShardState {
     /// releasable pools, largest first, until `want` bytes are unmapped; returns the bytes.
     pub(super) fn vm_release_free(&mut self, want: usize, min_idle: u64) -> usize {
         let index = self.index;
-        if self.vm.is_empty() || self.capture.capturing.is_some() {
+        if self.vm.is_empty() || self.capture_underway() {
             return 0;
         }
         let mut candidates: Vec<(usize, BlockId)> = self
@@ -537,9 +543,7 @@ impl ShardState {
             .filter(|&(_, _, id)| {
                 let b = &self.blocks[id];
                 // A dirty block's pages may still be used by its borrower: kept mapped.
-                b.vm.is_some()
-                    && self.reclaim.malloc_calls - b.freed_at >= min_idle
-                    && !self.is_dirty(id)
+                b.vm.is_some() && self.reclaim.idle_for(b.freed_at, min_idle) && !self.is_dirty(id)
             })
             .map(|(_, _, id)| {
                 let b = &self.blocks[id];
@@ -576,7 +580,7 @@ impl ShardState {
         let want = if want == usize::MAX {
             want
         } else {
-            want.max(self.acct.reserved / UNMAP_SLACK_DIVISOR)
+            want.max(self.acct.reserved() / UNMAP_SLACK_DIVISOR)
         };
         let mut released = 0;
         for (_, id) in candidates {
@@ -615,8 +619,7 @@ impl ShardState {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::{check, free, id_of, shard};
-    use super::super::NoPeers;
+    use super::super::testing::{check, free, id_of, malloc_ok, shard};
 
     const MIB: usize = 1 << 20;
     const KIB16: usize = 16 << 10;
@@ -630,8 +633,8 @@ mod tests {
     fn a_large_request_starts_at_the_alignment_past_a_free_head() {
         for conf in [ALIGNED, "expandable_segments:True"] {
             let (_sim, mut st) = shard(conf);
-            let a = st.malloc(3 * MIB + 1, false, &NoPeers).unwrap().unwrap();
-            let b = st.malloc(2 * MIB, false, &NoPeers).unwrap().unwrap();
+            let a = malloc_ok(&mut st, 3 * MIB + 1);
+            let b = malloc_ok(&mut st, 2 * MIB);
             let end_a = a + 3 * MIB + 512;
             if conf == ALIGNED {
                 assert_eq!(b, end_a + KIB16 - 512);
@@ -639,7 +642,7 @@ mod tests {
                 assert_eq!(st.blocks[head].size, KIB16 - 512);
                 assert!(st.blocks[head].is_free());
                 // The head and the aligned block's free tail.
-                assert_eq!(st.acct.stats.inactive_split[0].current, 2);
+                assert_eq!(st.acct.stats().inactive_split[0].current, 2);
             } else {
                 assert_eq!(b, end_a);
             }
@@ -649,7 +652,7 @@ mod tests {
             }
             st.finish_merge();
             check(&st);
-            assert_eq!(st.acct.stats.inactive_split[0].current, 0, "{conf}");
+            assert_eq!(st.acct.stats().inactive_split[0].current, 0, "{conf}");
         }
     }
 
@@ -658,16 +661,16 @@ mod tests {
     #[test]
     fn small_requests_stay_put_and_a_deferred_merge_is_aligned_too() {
         let (_sim, mut st) = shard(ALIGNED);
-        let a = st.malloc(3 * MIB + 1, false, &NoPeers).unwrap().unwrap();
+        let a = malloc_ok(&mut st, 3 * MIB + 1);
         let end_a = a + 3 * MIB + 512;
-        let c = st.malloc(MIB + 1, false, &NoPeers).unwrap().unwrap();
+        let c = malloc_ok(&mut st, MIB + 1);
         assert_eq!(c, end_a);
         free(&mut st, c);
         assert!(
             st.lazy.is_some(),
             "the free deferred its merge with the tail"
         );
-        let d = st.malloc(2 * MIB, false, &NoPeers).unwrap().unwrap();
+        let d = malloc_ok(&mut st, 2 * MIB);
         assert_eq!(d, end_a + KIB16 - 512);
         st.finish_merge();
         check(&st);
@@ -691,19 +694,19 @@ mod tests {
             (st.vm_page_for(Large, 0), st.vm_page_for(Small, 0)),
             (2 * MIB, 2 * MIB)
         );
-        st.malloc(3 * MIB, false, &NoPeers).unwrap().unwrap();
-        assert_eq!(st.acct.reserved, 4 * MIB);
+        malloc_ok(&mut st, 3 * MIB);
+        assert_eq!(st.acct.reserved(), 4 * MIB);
         // 17 requests of 60 MiB (each under 32 × 2 MiB: the request keeps 2 MiB pages).
         for _ in 0..17 {
-            st.malloc(60 * MIB, false, &NoPeers).unwrap().unwrap();
+            malloc_ok(&mut st, 60 * MIB);
         }
-        assert_eq!(st.acct.reserved, 1024 * MIB, "still 2 MiB pages");
+        assert_eq!(st.acct.reserved(), 1024 * MIB, "still 2 MiB pages");
         assert_eq!(
             (st.vm_page_for(Large, 0), st.vm_page_for(Small, 0)),
             (4 * MIB, 2 * MIB)
         );
-        let c = st.malloc(3 * MIB, false, &NoPeers).unwrap().unwrap();
-        assert_eq!(st.acct.reserved, 1028 * MIB);
+        let c = malloc_ok(&mut st, 3 * MIB);
+        assert_eq!(st.acct.reserved(), 1028 * MIB);
         let seg = st.blocks[id_of(&st, c)].vm.unwrap().index();
         assert_eq!(st.vm[seg].page, 4 * MIB);
         let mut pages: Vec<usize> = st.vm.iter().map(|(_, s)| s.page).collect();
@@ -712,8 +715,8 @@ mod tests {
         check(&st);
 
         let (_sim, mut st) = shard("expandable_segments:True,adaptive_pages:False");
-        st.malloc(3 * MIB, false, &NoPeers).unwrap().unwrap();
-        assert_eq!(st.acct.reserved, 20 * MIB);
+        malloc_ok(&mut st, 3 * MIB);
+        assert_eq!(st.acct.reserved(), 20 * MIB);
         assert_eq!(st.vm_page_for(crate::pool::PoolKind::Large, 0), 20 * MIB);
     }
 
@@ -729,14 +732,14 @@ mod tests {
         assert_eq!(st.vm_page_for(Large, 196 * MIB), 4 * MIB);
         assert_eq!(st.vm_page_for(Large, 127 * MIB), 2 * MIB);
         assert_eq!(st.vm_page_for(Large, 1 << 30), 20 * MIB);
-        let big = st.malloc(196 * MIB, false, &NoPeers).unwrap().unwrap();
-        assert_eq!(st.acct.reserved, 196 * MIB, "49 pages of 4 MiB");
+        let big = malloc_ok(&mut st, 196 * MIB);
+        assert_eq!(st.acct.reserved(), 196 * MIB, "49 pages of 4 MiB");
         let seg = st.blocks[id_of(&st, big)].vm.unwrap().index();
         assert_eq!(st.vm[seg].page, 4 * MIB);
-        let small = st.malloc(3 * MIB, false, &NoPeers).unwrap().unwrap();
+        let small = malloc_ok(&mut st, 3 * MIB);
         let seg = st.blocks[id_of(&st, small)].vm.unwrap().index();
         assert_eq!(st.vm[seg].page, 2 * MIB);
-        assert_eq!(st.acct.reserved, 200 * MIB);
+        assert_eq!(st.acct.reserved(), 200 * MIB);
         check(&st);
         for p in [big, small] {
             free(&mut st, p);
@@ -759,12 +762,12 @@ mod tests {
             ("expandable_segments:True,adaptive_pages:False", false),
         ] {
             let (_sim, mut st) = shard(conf);
-            let a = st.malloc(4 * MIB, false, &NoPeers).unwrap().unwrap();
-            let b = st.malloc(8 * MIB, false, &NoPeers).unwrap().unwrap();
-            let c = st.malloc(4 * MIB, false, &NoPeers).unwrap().unwrap();
+            let a = malloc_ok(&mut st, 4 * MIB);
+            let b = malloc_ok(&mut st, 8 * MIB);
+            let c = malloc_ok(&mut st, 4 * MIB);
             assert_eq!((b, c), (a + 4 * MIB, a + 12 * MIB)); // one 20 MiB page: 4 MiB left
             free(&mut st, b);
-            let d = st.malloc(3 * MIB, false, &NoPeers).unwrap().unwrap();
+            let d = malloc_ok(&mut st, 3 * MIB);
             assert_eq!(d, if middle { b } else { c + 4 * MIB }, "{conf}");
             st.finish_merge();
             check(&st);

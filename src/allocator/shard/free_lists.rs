@@ -12,9 +12,12 @@
 //!   nothing here reads or changes the free lists while a merge is deferred;
 //! - `inactive_split[_bytes]` count the free blocks of split segments, hot ones included.
 
+use super::request::Request;
 use super::ShardState;
-use crate::allocator::totals::Kind;
+use crate::allocator::accounting::Kind;
 use crate::config::HEAD_ALIGN_MIN;
+use crate::error::Error;
+use crate::handle::DevicePtr;
 use crate::pool::free_list::HOT_CAPACITY;
 use crate::pool::rounding::{MIN_BLOCK, SMALL_SIZE};
 use crate::pool::{Block, BlockId, Phase, PoolKind};
@@ -26,7 +29,7 @@ impl ShardState {
             self.lazy.is_none(),
             "free lists changed with a merge deferred"
         );
-        let (gc, now) = (self.reclaim.gc_calls, self.reclaim.malloc_calls);
+        let (gc, now) = self.reclaim.clocks();
         let b = &mut self.blocks[id];
         b.gc_count_base = gc;
         b.freed_at = now;
@@ -71,11 +74,11 @@ impl ShardState {
     ) -> Option<BlockId> {
         self.finish_merge();
         if self.gc_enabled() {
-            self.reclaim.gc_calls += 1;
+            self.reclaim.tick_gc();
         }
         let list = self.pools.get(&self.route())?.get(kind);
         let (mut bsize, place, mut id) = list.best_fit(size)?;
-        if self.shared.config.expandable_best_fit && self.blocks[id].vm.is_some() {
+        if self.shared.policy.expandable_best_fit && self.blocks[id].vm.is_some() {
             (bsize, id) = self.growable_fit(list, (bsize, place, id));
         }
         let max_split = self.shared.config.max_split_size;
@@ -92,6 +95,38 @@ impl ShardState {
         }
         self.pool_remove(id);
         Some(id)
+    }
+
+    /// Allocates found block `id` (out of its free list) for `req` (whose stream is the
+    /// taker) and maps its address; returns (address, the allocated block). A dirty block first
+    /// orders the taker after the streams that may still use it; if that fails, the block
+    /// goes back to its free list.
+    #[inline(always)]
+    pub(super) fn hand_out(
+        &mut self,
+        id: BlockId,
+        req: &Request,
+    ) -> Result<(DevicePtr, BlockId), Error> {
+        let dirty = self.blocks[id].dirty;
+        if dirty {
+            self.poll_fences();
+            if let Err(e) = self.wait_for_dirty(id, req.stream) {
+                self.pool_insert(id);
+                return Err(e);
+            }
+        }
+        let out = self.alloc_found_block(id, req.size, req.rounded);
+        if dirty && out == id {
+            // Handed out whole; a split-off front starts clean and the free remainder
+            // (`id`) stays dirty for other takers, unless the wait met its marks.
+            self.lending.forget(id);
+            self.blocks[id].dirty = false;
+        } else if dirty {
+            self.prune_marks(id);
+        }
+        let ptr = self.blocks[out].ptr;
+        self.ptrs.insert(ptr, out);
+        Ok((ptr, out))
     }
 
     pub(super) fn should_split(&self, block: &Block, rounded: usize) -> bool {
@@ -117,7 +152,7 @@ impl ShardState {
     ///
     /// Loads the statistics flag once (it visits no other shard): when set, a copy of
     /// its own (`LOG`, out of line) runs instead; the usual copy, which quiet shards
-    /// run too (`../totals/quiet.rs`), logs nothing and has no call to save registers
+    /// run too (`../accounting/totals/quiet.rs`), logs nothing and has no call to save registers
     /// around.
     pub(super) fn alloc_found_block(
         &mut self,
@@ -155,7 +190,7 @@ impl ShardState {
             (b.freed_at, b.gc_count_base) = m.clocks();
         }
         // The size first: requests under 2 MiB (most) skip the settings' load.
-        if rounded >= HEAD_ALIGN_MIN && self.shared.config.base_addr_align != 0 {
+        if rounded >= HEAD_ALIGN_MIN && self.shared.policy.base_addr_align != 0 {
             let (id, logged) = self.split_aligned_head(id, rounded, LOG);
             if !LOG && logged {
                 // The head's statistics passed an allowance: the rest is logged.
@@ -339,7 +374,7 @@ impl ShardState {
         let b = &self.blocks[id];
         let small = b.kind == PoolKind::Small
             && b.pool.is_none()
-            && self.shared.config.hot_cache
+            && self.shared.policy.hot_cache
             && !b.dirty;
         // The hot cache is looked up for small blocks only (a large free never uses it).
         if small {
@@ -396,7 +431,7 @@ impl ShardState {
 
     /// Takes a hot block of exactly `size` bytes on `stream`, most recent first.
     pub(super) fn hot_take(&mut self, size: usize) -> Option<BlockId> {
-        if self.capture.capturing.is_some() {
+        if self.route().is_some() {
             return None;
         }
         let hot = &mut self.pools.get_mut(&None)?.hot;
@@ -440,7 +475,7 @@ impl ShardState {
         self.pool_remove(src);
         let s = self.blocks.remove(src);
         if s.dirty {
-            self.lending.dirty.merge_into(dst, src);
+            self.lending.merge_marks(dst, src);
             self.blocks[dst].dirty = true;
             self.prune_marks(dst);
         }
@@ -465,8 +500,7 @@ impl ShardState {
     /// Counts `bytes` of device memory this shard now reserves (a segment, or pages
     /// mapped into one): reserved bytes, their high-water mark and statistics.
     pub(super) fn bytes_reserved(&mut self, kind: PoolKind, bytes: usize) {
-        self.acct.reserved += bytes;
-        self.acct.reserved_hwm = self.acct.reserved_hwm.max(self.acct.reserved);
+        self.acct.add_reserved(bytes);
         self.acct
             .increase(Kind::ReservedBytes, kind.stat_type(), bytes);
     }
@@ -483,7 +517,7 @@ impl ShardState {
 
     /// Uncounts a segment this shard no longer holds (freed or lent).
     pub(super) fn segment_removed(&mut self, kind: PoolKind, size: usize) {
-        self.acct.reserved -= size;
+        self.acct.sub_reserved(size);
         let st = kind.stat_type();
         self.acct.decrease(Kind::Segment, st, 1);
         self.acct.decrease(Kind::ReservedBytes, st, size);
@@ -496,27 +530,26 @@ impl ShardState {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::{check, free, id_of, shard};
-    use super::super::NoPeers;
+    use super::super::testing::{check, free, id_of, malloc_ok, shard};
 
     #[test]
     fn split_blocks_merge_back_into_one_whole_segment() {
         let (_sim, mut st) = shard("hot_cache:False");
-        let a = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
-        let b = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
+        let a = malloc_ok(&mut st, 1000);
+        let b = malloc_ok(&mut st, 1000);
         assert_eq!(
             b,
             a + 1024,
             "the second block is split off the same segment"
         );
-        assert_eq!(st.acct.stats.inactive_split[0].current, 1);
+        assert_eq!(st.acct.stats().inactive_split[0].current, 1);
         free(&mut st, a);
         st.finish_merge();
         check(&st);
-        assert_eq!(st.acct.stats.inactive_split[0].current, 2);
+        assert_eq!(st.acct.stats().inactive_split[0].current, 2);
         free(&mut st, b);
         check(&st);
-        assert_eq!(st.acct.stats.inactive_split[0].current, 0);
+        assert_eq!(st.acct.stats().inactive_split[0].current, 0);
         assert_eq!(st.blocks.len(), 1, "merged into one block");
         let (_, _, id) = st
             .pools
@@ -534,7 +567,7 @@ mod tests {
     #[test]
     fn hot_blocks_stay_unmerged_until_flushed() {
         let (_sim, mut st) = shard("");
-        let a = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
+        let a = malloc_ok(&mut st, 1000);
         let id = id_of(&st, a);
         free(&mut st, a);
         assert_eq!(st.blocks[id].phase, crate::pool::Phase::Hot);

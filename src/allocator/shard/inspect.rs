@@ -11,14 +11,21 @@ use crate::stats::DeviceStats;
 impl ShardState {
     /// Frees waiting for events or a synchronisation.
     pub fn pending_count(&self) -> usize {
-        self.waits.pending.len() + self.waits.parked.len() + self.capture.deferred.len()
+        self.waits.len() + self.capture.deferred().len()
+    }
+
+    /// The sizes of the cached free blocks (free lists and hot cache, every pool).
+    pub fn cached_free_sizes(&self) -> impl Iterator<Item = usize> + '_ {
+        self.blocks
+            .iter()
+            .filter(|(_, b)| b.is_free())
+            .map(|(_, b)| b.size)
     }
 
     /// The shard's statistics: its per-stream peaks are its own (see
     /// `StatLog::stream_peaks`).
     pub fn stats_snapshot(&self) -> DeviceStats {
-        let mut s = self.acct.snapshot();
-        self.acct.log.stream_peaks(&mut s);
+        let mut s = self.acct.stream_snapshot();
         s.max_split_size = i64::try_from(self.shared.config.max_split_size).unwrap_or(i64::MAX);
         s
     }
@@ -66,19 +73,12 @@ impl ShardState {
                         requested_size: blk.requested,
                         state,
                         lent_to: blk.borrower(),
-                        dirty_on: self
-                            .lending
-                            .dirty
-                            .get(c)
-                            .iter()
-                            .filter(|&&(s, e)| !self.lending.fences.is_clear(s, e))
-                            .map(|&(s, _)| s)
-                            .collect(),
+                        dirty_on: self.lending.open_streams(c),
                     });
                     cur = blk.next;
                 }
                 SegmentInfo {
-                    pool_id: b.pool.map(|t| self.capture.private[t.index()].id),
+                    pool_id: self.pool_id(b.pool),
                     is_expandable: b.vm.is_some(),
                     address: b.ptr,
                     total_size: blocks.iter().map(|x| x.size).sum(),
@@ -95,15 +95,15 @@ impl ShardState {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::{free, shard};
-    use super::super::NoPeers;
+    use super::super::testing::{free, malloc_ok, shard};
+
     use crate::snapshot::BlockState;
 
     #[test]
     fn segments_list_blocks_in_address_order_with_their_state() {
         let (_sim, mut st) = shard("hot_cache:False");
-        let a = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
-        let b = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
+        let a = malloc_ok(&mut st, 1000);
+        let b = malloc_ok(&mut st, 1000);
         free(&mut st, a);
         let segs = st.segments();
         assert_eq!(segs.len(), 1);
@@ -128,8 +128,8 @@ mod tests {
         // Decreases only lower `current`; the snapshot derives `freed`, also after a
         // reset of the accumulated counts with allocations still live.
         let (_sim, mut st) = shard("");
-        let a = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
-        let b = st.malloc(3000, false, &NoPeers).unwrap().unwrap();
+        let a = malloc_ok(&mut st, 1000);
+        let b = malloc_ok(&mut st, 3000);
         free(&mut st, a);
         let s = st.stats_snapshot().allocated_bytes;
         let acc = |x: crate::stats::Stat| (x.current, x.allocated, x.freed);
@@ -140,7 +140,7 @@ mod tests {
         st.acct.reset_accumulated();
         let s = st.stats_snapshot().allocated_bytes;
         assert_eq!(acc(s[0]), (3072, 0, 0));
-        let c = st.malloc(512, false, &NoPeers).unwrap().unwrap();
+        let c = malloc_ok(&mut st, 512);
         free(&mut st, b);
         free(&mut st, c);
         let s = st.stats_snapshot();

@@ -1,5 +1,5 @@
 //! Under memory pressure, a whole free segment is kept for a request of its size
-//! (issues #15 and #16).
+//! (decision 008).
 //!
 //! Best fit splits the smallest free block that fits. When that block is a whole cached
 //! segment at least twice the request (one that served a large tensor, freed between
@@ -15,10 +15,10 @@
 //! the request's own size rounded to 2 MiB, `alloc_segment`), and only if that fails too
 //! takes the segment after all (`take_kept_whole`, before the release rungs): the rule
 //! never fails a request that best fit would serve. Once the device has refused a
-//! segment (`Shared::growth_failed`) it always applies; before that, only while the
-//! request's own segment can still be had, so that keeping never causes the first
-//! failure (which turns every later segment to its request's own size, `ladder.rs`).
-//! Measured (issue #15, session 10, benches/README.md): the split happens before any
+//! segment (the memory-short regime, `Regime::MemoryShort`) it always applies; before
+//! that, only while the request's own segment can still be had, so that keeping never
+//! causes the first failure (which turns every later segment to its request's own
+//! size, `grow.rs`). Measured (decisions 008 and 038): the split happens before any
 //! failure (resnet50_infer_varbatch's 98 MiB segment at its own smallest device);
 //! applying the rule there too lowers the defaults' smallest device on
 //! resnet50_infer_varbatch 1.212 → 1.029, t5_generate_varlen 1.720 → 1.660,
@@ -30,16 +30,16 @@
 //! Contract:
 //! - applies to a fresh request's best fit: this stream's own cache and merged cache
 //!   (`get_own_free_block`) and another stream's free block lent to it
-//!   (`lend_block_keeping_whole`); never to a pending free taken by the pressure rung or
-//!   to the last rung (they keep plain best fit);
-//! - only with `adaptive_segments` (off in `PYTORCH_POLICY`), to large-pool
+//!   (`lend_block` with `BestFit::KeepingWhole`); never to a pending free taken by the
+//!   pressure rung or to the rungs after the release (they keep plain best fit);
+//! - only with `keep_whole` (which needs `adaptive_segments`; off in `PYTORCH_POLICY`), to large-pool
 //!   blocks that are a whole ordinary segment (not split, not expandable) and at least
 //!   twice the rounded request;
 //! - before any failed growth, inert unless this allocator's own reservations leave no
 //!   room for the segment on the device (its total memory) or under the memory
 //!   fraction: uncapped figures do not move; on a device as small as the uncapped peak
 //!   reserve it may act (more device mallocs there on some traces, never an OOM in the
-//!   zoo; benches/README.md);
+//!   zoo; decision 008);
 //! - "could not give it back": the segment's size would pass the memory fraction, or
 //!   the device reports less free memory than that (`Device::mem_info`; asked only
 //!   here, after the cheap tests);
@@ -48,12 +48,10 @@
 //!   reserved bytes against the device's total (asked of the device once,
 //!   `Shared::device_total`); the rest is after a miss;
 //! - a request whose block was kept carries it (`Request::kept_whole`, set after the
-//!   cache rungs): its growth takes its own size rounded to 2 MiB (`ladder.rs`,
+//!   cache rungs): its growth takes its own size rounded to 2 MiB (`grow.rs`,
 //!   `after_failure_size`), before any failure too.
 
-use std::sync::atomic::Ordering;
-
-use super::ladder::Request;
+use super::request::Request;
 use super::ShardState;
 use crate::pool::rounding::ROUND_LARGE;
 use crate::pool::{BlockId, PoolKind};
@@ -78,10 +76,10 @@ impl ShardState {
     #[cold]
     #[inline(never)]
     fn keeps_whole_slow(&mut self, id: BlockId, bsize: usize, rounded: usize) -> bool {
-        if !self.shared.config.adaptive_segments {
+        if !self.shared.policy.keep_whole {
             return false;
         }
-        let failed = self.shared.growth_failed.load(Ordering::Relaxed);
+        let failed = self.shared.memory_short();
         // Before any failure, no device call unless this allocator's own reservations
         // already rule the segment out (so an uncapped run never asks).
         if !failed && !self.held_past(bsize) {
@@ -93,7 +91,7 @@ impl ShardState {
         }
         // Before any failure, only while the request's own segment can be had: the
         // rule then never causes the first failure (which would turn every later
-        // segment to its request's own size, `ladder.rs`).
+        // segment to its request's own size, `grow.rs`).
         failed || self.could_regrow(rounded.next_multiple_of(ROUND_LARGE))
     }
 
@@ -141,10 +139,10 @@ impl ShardState {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::Ordering;
+    use super::super::Released;
     use std::sync::Arc;
 
-    use super::super::testing::{check, device, free, Others};
+    use super::super::testing::{check, device, free, malloc_ok, Others};
     use super::super::{NoPeers, ShardState};
     use crate::device::sim::SimDevice;
     use crate::device::StreamHandle;
@@ -159,12 +157,17 @@ mod tests {
         let conf = format!("{conf},reclaim_before_growth:False");
         let (sim, shared) = device(mib * MIB, conf.trim_start_matches(','));
         let mut st = ShardState::new(StreamHandle::DEFAULT, shared);
-        let big = st.malloc(60 * MIB, false, &NoPeers).unwrap().unwrap();
-        let _live = st.malloc(30 * MIB, false, &NoPeers).unwrap().unwrap();
+        let big = malloc_ok(&mut st, 60 * MIB);
+        let _live = malloc_ok(&mut st, 30 * MIB);
         free(&mut st, big);
-        assert_eq!(st.acct.reserved, 90 * MIB);
+        assert_eq!(st.acct.reserved(), 90 * MIB);
         if fail_first {
-            assert_eq!(st.malloc(mib * MIB, false, &NoPeers).unwrap(), None);
+            assert_eq!(
+                st.malloc(mib * MIB, Released::Nothing, &NoPeers)
+                    .unwrap()
+                    .served(),
+                None
+            );
         }
         st.finish_merge();
         (sim, st)
@@ -186,10 +189,10 @@ mod tests {
         st: &mut ShardState,
     ) {
         let mallocs = sim.counters(0).mallocs;
-        let small = st.malloc(4 * MIB, false, &NoPeers).unwrap().unwrap();
+        let small = malloc_ok(st, 4 * MIB);
         assert_eq!(sim.counters(0).mallocs, mallocs + 1);
-        assert_eq!(st.acct.reserved, 94 * MIB);
-        let big = st.malloc(60 * MIB, false, &NoPeers).unwrap().unwrap();
+        assert_eq!(st.acct.reserved(), 94 * MIB);
+        let big = malloc_ok(st, 60 * MIB);
         assert_eq!(sim.counters(0).mallocs, mallocs + 1);
         free(st, big);
         free(st, small);
@@ -203,7 +206,7 @@ mod tests {
         // PyTorch's best fit does (every uncapped replay).
         let (sim, mut st) = cached_60("", 200, false);
         let mallocs = sim.counters(0).mallocs;
-        let _small = st.malloc(4 * MIB, false, &NoPeers).unwrap().unwrap();
+        let _small = malloc_ok(&mut st, 4 * MIB);
         assert_eq!(sim.counters(0).mallocs, mallocs, "split, no growth");
         st.finish_merge();
         check(&st);
@@ -216,7 +219,7 @@ mod tests {
         // whose failure would be the first), and the 60 MiB tensor finds its segment.
         let (sim, mut st) = cached_60("", 100, false);
         grows_its_own_4_mib_and_the_60_mib_tensor_finds_its_segment(&sim, &mut st);
-        assert!(!st.shared.growth_failed.load(Ordering::Relaxed));
+        assert!(!st.shared.memory_short());
     }
 
     #[test]
@@ -225,9 +228,13 @@ mod tests {
         // no growth is tried, so none fails and later segments keep adaptive sizes.
         let (sim, mut st) = cached_60("", 100, false);
         let mallocs = sim.counters(0).mallocs;
-        assert!(st.malloc(12 * MIB, false, &NoPeers).unwrap().is_some());
+        assert!(st
+            .malloc(12 * MIB, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+            .is_some());
         assert_eq!(sim.counters(0).mallocs, mallocs);
-        assert!(!st.shared.growth_failed.load(Ordering::Relaxed));
+        assert!(!st.shared.memory_short());
         st.finish_merge();
         check(&st);
     }
@@ -239,10 +246,13 @@ mod tests {
         let (sim, mut st) = cached_60("", 100, true);
         assert_eq!(sim.counters(0).mallocs, 2);
         let mallocs = sim.counters(0).mallocs;
-        let p = st.malloc(12 * MIB, false, &NoPeers).unwrap();
+        let p = st
+            .malloc(12 * MIB, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served();
         assert!(p.is_some());
         assert_eq!(sim.counters(0).mallocs, mallocs);
-        assert_eq!(st.acct.stats.num_ooms, 0);
+        assert_eq!(st.acct.stats().num_ooms, 0);
         st.finish_merge();
         check(&st);
     }
@@ -264,23 +274,29 @@ mod tests {
         let side = sim.create_stream(0).unwrap();
         let mut borrower = ShardState::new(side, shared);
         let q = borrower
-            .malloc(4 * MIB, false, &Others(vec![&lender]))
+            .malloc(4 * MIB, Released::Nothing, &Others(vec![&lender]))
             .unwrap()
+            .served()
             .unwrap();
         assert_ne!(q, big, "lent the head of the kept segment");
         // A growth has failed on this device: the new segment is the request's own
-        // size (`ladder.rs`, `after_failure_size`), not an adaptive 20 MiB.
-        assert_eq!(borrower.acct.reserved, 4 * MIB, "a segment of its own");
+        // size (`grow.rs`, `after_failure_size`), not an adaptive 20 MiB.
+        assert_eq!(borrower.acct.reserved(), 4 * MIB, "a segment of its own");
         check(&borrower);
         let mut l = lender.borrow_mut();
-        assert_eq!(l.malloc(60 * MIB, false, &NoPeers).unwrap(), Some(big));
+        assert_eq!(
+            l.malloc(60 * MIB, Released::Nothing, &NoPeers)
+                .unwrap()
+                .served(),
+            Some(big)
+        );
     }
 
     #[test]
     fn pytorchs_policy_splits_as_pytorch_does() {
         let (sim, mut st) = cached_60(crate::config::PYTORCH_POLICY, 100, true);
         let mallocs = sim.counters(0).mallocs;
-        let _small = st.malloc(4 * MIB, false, &NoPeers).unwrap().unwrap();
+        let _small = malloc_ok(&mut st, 4 * MIB);
         assert_eq!(sim.counters(0).mallocs, mallocs);
     }
 }

@@ -37,7 +37,7 @@
 //! `rest` and of the merged block whole, with or without their entries.
 
 use super::ShardState;
-use crate::allocator::totals::Kind;
+use crate::allocator::accounting::Kind;
 use crate::config::HEAD_ALIGN_MIN;
 use crate::pool::{BlockId, PoolKind};
 
@@ -88,8 +88,7 @@ impl ShardState {
     #[inline(never)]
     pub(super) fn defer_merge(&mut self, id: BlockId) -> bool {
         self.finish_merge();
-        #[cfg(test)]
-        if self.eager_merge {
+        if !self.shared.policy.lazy_merge {
             return false;
         }
         let f = &self.blocks[id];
@@ -127,11 +126,12 @@ impl ShardState {
                 &[(Kind::InactiveSplit, 1), (Kind::InactiveSplitBytes, r.size)],
             ),
         }
+        let (gc_count_base, freed_at) = self.reclaim.clocks();
         self.lazy = Some(LazyMerge {
             front: id,
             rest,
-            freed_at: self.reclaim.malloc_calls,
-            gc_count_base: self.reclaim.gc_calls,
+            freed_at,
+            gc_count_base,
             taken: false,
         });
         true
@@ -179,7 +179,7 @@ impl ShardState {
         }
         // `get_free_block`'s clock.
         if self.gc_enabled() {
-            self.reclaim.gc_calls += 1;
+            self.reclaim.tick_gc();
         }
         if let Some(m) = self.lazy.as_mut() {
             m.taken = true;
@@ -216,7 +216,7 @@ impl ShardState {
             return false;
         }
         // A block that may get a head split (`base_addr_aligned_kb`) is merged first.
-        let align = config.base_addr_align;
+        let align = self.shared.policy.base_addr_align;
         if align != 0 && rounded >= HEAD_ALIGN_MIN && f.ptr % align != 0 {
             return false;
         }
@@ -249,7 +249,7 @@ impl ShardState {
         let already_split = prev.is_some() || next.is_some();
         let (st, key, kind) = (f.kind.stat_type(), f.pool, f.kind);
         let rest_size = f.size + r.size - rounded;
-        let (gc, now) = (self.reclaim.gc_calls, self.reclaim.malloc_calls);
+        let (gc, now) = self.reclaim.clocks();
         // Merging then splitting keeps the merged block (`front`'s slot) for the
         // remainder and gives the allocated front the slot the merge freed (`rest`'s):
         // the same slots here, so the state is the one merging at the free leaves.
@@ -287,7 +287,8 @@ impl ShardState {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::{check, device, free, shard};
+    use super::super::testing::{check, device, free, malloc_ok, shard};
+    use super::super::Released;
     use super::super::{NoPeers, ShardState};
     use crate::config::PYTORCH_POLICY;
     use crate::device::{DevicePtr, StreamHandle};
@@ -296,7 +297,7 @@ mod tests {
     #[test]
     fn a_large_pair_is_served_again_without_merging() {
         let (_sim, mut st) = shard("");
-        let p = st.malloc(8 << 20, false, &NoPeers).unwrap().unwrap();
+        let p = malloc_ok(&mut st, 8 << 20);
         let id = st.ptrs.get(&p).copied().unwrap();
         free(&mut st, p);
         assert!(
@@ -305,7 +306,7 @@ mod tests {
         );
         assert_eq!(st.blocks.len(), 2, "not merged yet");
         assert_eq!(st.blocks[id].phase, Phase::Free);
-        let q = st.malloc(8 << 20, false, &NoPeers).unwrap().unwrap();
+        let q = malloc_ok(&mut st, 8 << 20);
         assert_eq!(q, p);
         assert!(st.lazy.is_none());
         assert_eq!(
@@ -316,7 +317,7 @@ mod tests {
         check(&st);
         free(&mut st, q);
         // Another size served by the merged block: taken too.
-        let r = st.malloc(3 << 20, false, &NoPeers).unwrap().unwrap();
+        let r = malloc_ok(&mut st, 3 << 20);
         assert_eq!((r, st.blocks.len()), (p, 2));
         check(&st);
     }
@@ -325,21 +326,21 @@ mod tests {
     fn a_request_the_merged_block_would_not_serve_completes_the_merge_first() {
         let (_sim, mut st) = shard("");
         // One 20 MiB segment: a (8 MiB), x, y (2 MiB each), a free 8 MiB tail.
-        let a = st.malloc(8 << 20, false, &NoPeers).unwrap().unwrap();
-        let x = st.malloc(2 << 20, false, &NoPeers).unwrap().unwrap();
-        let y = st.malloc(2 << 20, false, &NoPeers).unwrap().unwrap();
+        let a = malloc_ok(&mut st, 8 << 20);
+        let x = malloc_ok(&mut st, 2 << 20);
+        let y = malloc_ok(&mut st, 2 << 20);
         assert_eq!((x, y), (a + (8 << 20), a + (10 << 20)));
         free(&mut st, x); // between two live blocks: only its insertion deferred
         assert!(st.lazy.is_some_and(|m| !m.has_rest()));
         free(&mut st, a); // x inserted, then a's merge with x deferred (10 MiB)
         assert!(st.lazy.is_some_and(|m| m.has_rest()));
         // Best fit for 3 MiB is the 8 MiB tail, not the 10 MiB merged block.
-        let e = st.malloc(3 << 20, false, &NoPeers).unwrap().unwrap();
+        let e = malloc_ok(&mut st, 3 << 20);
         assert_eq!(e, a + (12 << 20));
         assert!(st.lazy.is_none(), "completed before best fit");
         check(&st);
         // Now the merged block (10 MiB at a) is the best fit for 9 MiB.
-        let f = st.malloc(9 << 20, false, &NoPeers).unwrap().unwrap();
+        let f = malloc_ok(&mut st, 9 << 20);
         assert_eq!(f, a);
         check(&st);
     }
@@ -350,9 +351,8 @@ mod tests {
     fn same_as_merging_at_once(conf: &str, seed: u64) {
         let (_s1, shared) = device(8 << 30, conf);
         let mut lazy = ShardState::new(StreamHandle::DEFAULT, shared);
-        let (_s2, shared) = device(8 << 30, conf);
+        let (_s2, shared) = device(8 << 30, &format!("{conf},lazy_merge:False"));
         let mut eager = ShardState::new(StreamHandle::DEFAULT, shared);
-        eager.eager_merge = true;
         let mut x = seed;
         let mut live: Vec<DevicePtr> = Vec::new();
         for step in 0..STEPS {
@@ -388,9 +388,17 @@ mod tests {
 
     /// A malloc, releasing this shard's cache and retrying if the device is full.
     fn alloc(st: &mut ShardState, size: usize) -> DevicePtr {
-        match st.malloc(size, false, &NoPeers).unwrap() {
+        match st
+            .malloc(size, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+        {
             Some(p) => p,
-            None => st.malloc(size, true, &NoPeers).unwrap().unwrap(),
+            None => st
+                .malloc(size, Released::Others, &NoPeers)
+                .unwrap()
+                .served()
+                .unwrap(),
         }
     }
 

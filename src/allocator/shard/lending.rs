@@ -18,7 +18,7 @@
 //! borrows only if that fails. Growth elsewhere on the device starts the count again: a
 //! workload still growing (one pass of a trace) keeps lending's memory savings, which
 //! come from borrowing the same sizes again and again (layers); `REPEATS` was chosen on
-//! the derived multi-stream replays (benches/README.md). Memory is short when growth
+//! the derived multi-stream replays (decision 011). Memory is short when growth
 //! would pass the reserve budget (then it borrows without trying), the memory fraction
 //! or the device's capacity (the growth fails, and the borrow is not counted): there
 //! lending is kept as before.
@@ -42,9 +42,9 @@
 //! brings lending and reclaiming back; it pays at most one segment for the first
 //! growth. `STEADY_CALLS` (2^18: about a hundred passes of a training loop of a few
 //! thousand allocations) is longer than every stream of the shipped and zoo replays,
-//! whose figures are unchanged (benches/README.md).
+//! whose figures are unchanged (decision 012).
 
-use super::ladder::Request;
+use super::request::{BestFit, Counting, GrowFirst, Request};
 use super::Peers;
 use super::ShardState;
 use crate::device::{DevicePtr, StreamHandle};
@@ -53,94 +53,6 @@ use crate::pool::{Block, BlockId, Phase, PoolKind};
 
 /// A lent segment is at most this many times the segment a new allocation would get.
 const LEND_SIZE_FACTOR: usize = 2;
-/// At most this many borrowed request sizes are counted (all are forgotten at once past
-/// it: the table only bounds memory; a steady loop borrows far fewer sizes).
-const BORROWED_SIZES: usize = 1024;
-/// Borrows of one request size, with no other growth on the device, after which a miss
-/// for it grows this shard's cache instead.
-const REPEATS: u32 = 64;
-/// Malloc calls of this shard in which the device's reserved high-water mark may rise at
-/// most once for the shard to be steady (module doc).
-pub(super) const STEADY_CALLS: u64 = 1 << 18;
-
-/// Borrows per request size (pool, rounded bytes) by this shard since the device's
-/// `since`-th growth (`Shared::growths`).
-#[derive(Default)]
-pub(crate) struct Borrowed {
-    sizes: rustc_hash::FxHashMap<(PoolKind, usize), u32>,
-    since: u64,
-}
-
-impl Borrowed {
-    /// Forgets the borrows counted before the device's `growths`-th growth.
-    fn age(&mut self, growths: u64) {
-        if self.since != growths {
-            self.sizes.clear();
-            self.since = growths;
-        }
-    }
-
-    /// Counts a borrow for `req`.
-    fn note(&mut self, req: &Request, growths: u64) {
-        self.age(growths);
-        if self.sizes.len() >= BORROWED_SIZES {
-            self.sizes.clear();
-        }
-        *self.sizes.entry((req.kind, req.rounded)).or_default() += 1;
-    }
-
-    /// Whether `req`'s size was borrowed `REPEATS` times since the device last grew;
-    /// if so, forgets them.
-    fn take(&mut self, req: &Request, growths: u64) -> bool {
-        self.age(growths);
-        let key = (req.kind, req.rounded);
-        if self.sizes.get(&key).is_some_and(|&n| n >= REPEATS) {
-            self.sizes.remove(&key);
-            return true;
-        }
-        false
-    }
-}
-
-/// When this shard saw the device's reserved high-water mark rise, by its malloc clock
-/// (`Reclaim::malloc_calls`): the last two times (module doc).
-#[derive(Default)]
-pub(crate) struct Steadiness {
-    /// The mark as last seen (it never falls).
-    mark: usize,
-    /// When this shard saw it rise before the last time.
-    before_last: u64,
-    /// When this shard last saw it rise.
-    last: u64,
-}
-
-impl Steadiness {
-    /// Takes note of the mark `hwm` at this shard's malloc clock `now`. Several rises
-    /// since the last look count as one.
-    fn note(&mut self, hwm: usize, now: u64) {
-        if hwm != self.mark {
-            self.mark = hwm;
-            self.before_last = self.last;
-            self.last = now;
-        }
-    }
-
-    /// Whether the mark rose at most once in this shard's last `STEADY_CALLS` calls.
-    fn steady(&self, now: u64) -> bool {
-        now.saturating_sub(self.before_last) >= STEADY_CALLS
-    }
-}
-
-/// Whether a miss grows this shard's cache before it borrows (`grow_before_borrowing`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum GrowFirst {
-    /// No: lending first, as usual.
-    No,
-    /// Yes, for a repeat borrow: that growth does not count as the device growing.
-    Repeat,
-    /// Yes, because this shard is steady: that growth counts as the device growing.
-    Steady,
-}
 
 impl ShardState {
     /// A lent block freed by its borrower: back to this stream's pool at once (the
@@ -153,15 +65,15 @@ impl ShardState {
         self.poll_fences(); // recycles the events of completed fences
         let b = &mut self.blocks[id];
         let borrower = b.stream_uses.remove(0);
-        if self.shared.is_capturing(borrower) {
+        if self.capture_underway() {
             let b = &mut self.blocks[id];
             b.stream_uses.clear();
             b.add_wait();
-            self.waits.parked.push(id);
+            self.waits.park(id);
             return true;
         }
         let epoch = self.fence(borrower);
-        self.lending.dirty.add(id, borrower, epoch);
+        self.lending.mark(id, borrower, epoch);
         self.blocks[id].dirty = true;
         false
     }
@@ -170,16 +82,16 @@ impl ShardState {
     /// device allocation, take a wholly free cached segment from another stream's shard.
     /// This stream waits on the device for an event recorded on the lender's stream
     /// (work queued there on the segment finishes first); the host never blocks.
-    /// `remember`: as for `borrow_block`.
+    /// `counting`: as for `borrow_block`.
     pub(super) fn borrow_segment(
         &mut self,
         req: &Request,
         seg_size: usize,
-        remember: bool,
+        counting: Counting,
         peers: &dyn Peers,
     ) -> Result<Option<BlockId>, Error> {
         let (stream, kind) = (req.stream, req.kind);
-        if !self.shared.config.lend_segments || self.capture.capturing.is_some() {
+        if !self.shared.policy.lend_segments || self.route().is_some() || self.capture_underway() {
             return Ok(None);
         }
         let limit = seg_size.saturating_mul(LEND_SIZE_FACTOR);
@@ -191,7 +103,7 @@ impl ShardState {
         let Some((ptr, size, shift)) = lent else {
             return Ok(None);
         };
-        if remember {
+        if counting == Counting::Counted {
             self.note_borrow(req);
         }
         self.segment_added(kind, size);
@@ -213,7 +125,7 @@ impl ShardState {
         limit: usize,
         borrower: StreamHandle,
     ) -> Option<(DevicePtr, usize, usize)> {
-        if self.capture.capturing.is_some() {
+        if self.route().is_some() || self.capture_underway() {
             return None;
         }
         let (bsize, _, id) = self
@@ -227,30 +139,28 @@ impl ShardState {
         self.wait_for_dirty(id, borrower).ok()?;
         self.pool_remove(id);
         let b = self.blocks.remove(id);
-        self.lending.dirty.take(id);
+        self.lending.forget(id);
         self.segment_removed(kind, bsize);
         Some((b.ptr, bsize, b.shift))
     }
 
     /// Serves `req`, made on another stream (the borrower, `req.stream`), from this
-    /// shard's free blocks (best fit, as for its own requests). The borrower first waits
-    /// on the device for the work queued on this stream so far. The block stays this
-    /// shard's, allocated, with the borrower as its user; once freed it comes back at
-    /// once, dirty on the borrower (`return_lent`).
-    pub(super) fn lend_block(&mut self, req: &Request) -> Option<DevicePtr> {
-        self.lend_block_as::<false>(req)
-    }
-
-    /// `lend_block` for a borrower's fresh request (`borrow_block`): under memory
-    /// pressure, a whole segment of this shard may be kept for its size instead
-    /// (`keep_whole.rs`), as for this shard's own requests. Not for a pending free
-    /// (`pressure.rs`), which is taken for the request it was chosen for.
-    pub(super) fn lend_block_keeping_whole(&mut self, req: &Request) -> Option<DevicePtr> {
-        self.lend_block_as::<true>(req)
+    /// shard's free blocks, by best fit `fit`: for a borrower's fresh request
+    /// (`borrow_block`) the own cache's, which under memory pressure may keep a whole
+    /// segment for its size (`keep_whole.rs`); plain for a pending free (`pressure.rs`),
+    /// which is taken for the request it was chosen for, and after the release rungs.
+    /// The borrower first waits on the device for the work queued on this stream so
+    /// far. The block stays this shard's, allocated, with the borrower as its user;
+    /// once freed it comes back at once, dirty on the borrower (`return_lent`).
+    pub(super) fn lend_block(&mut self, req: &Request, fit: BestFit) -> Option<DevicePtr> {
+        match fit {
+            BestFit::KeepingWhole => self.lend_block_as::<true>(req),
+            BestFit::Plain => self.lend_block_as::<false>(req),
+        }
     }
 
     fn lend_block_as<const KEEP_WHOLE: bool>(&mut self, req: &Request) -> Option<DevicePtr> {
-        if self.capture.capturing.is_some() {
+        if self.route().is_some() || self.capture_underway() {
             return None;
         }
         let (own, borrower) = (self.stream, req.stream);
@@ -271,29 +181,24 @@ impl ShardState {
     }
 
     /// Block lending, the borrower's side (`lend_blocks`; never while capturing): another
-    /// stream's free block for this request (see `lend_block`). `remember`: count the
-    /// borrow for the repeat rule (module doc). `keep_whole`: the lender may keep a
-    /// whole segment for its size (`keep_whole.rs`; not at the last rung).
+    /// stream's free block for this request, by best fit `fit` (see `lend_block`).
+    /// `counting`: whether the borrow counts for the repeat rule (module doc).
     pub(super) fn borrow_block(
         &mut self,
         req: &Request,
-        remember: bool,
-        keep_whole: bool,
+        counting: Counting,
+        fit: BestFit,
         peers: &dyn Peers,
     ) -> Option<DevicePtr> {
-        if !self.shared.config.lend_blocks || self.capture.capturing.is_some() {
+        if !self.shared.policy.lend_blocks || self.route().is_some() || self.capture_underway() {
             return None;
         }
         let mut lent = None;
         peers.visit(&mut |other| {
-            lent = if keep_whole {
-                other.lend_block_keeping_whole(req)
-            } else {
-                other.lend_block(req)
-            };
+            lent = other.lend_block(req, fit);
             lent.is_none()
         });
-        if lent.is_some() && remember {
+        if lent.is_some() && counting == Counting::Counted {
             self.note_borrow(req);
         }
         lent
@@ -304,7 +209,7 @@ impl ShardState {
     /// starts again), or this shard is steady; never when growth would pass the reserve
     /// budget.
     pub(super) fn grow_before_borrowing(&mut self, req: &Request, seg_size: usize) -> GrowFirst {
-        let first = if self.lending.borrowed.take(req, self.shared.growths()) {
+        let first = if self.lending.take_repeat(req, self.shared.growths()) {
             GrowFirst::Repeat
         } else if self.steady() {
             GrowFirst::Steady
@@ -319,14 +224,14 @@ impl ShardState {
 
     /// Counts a borrow for the repeat rule.
     fn note_borrow(&mut self, req: &Request) {
-        self.lending.borrowed.note(req, self.shared.growths());
+        self.lending.note_borrow(req, self.shared.growths());
     }
 
     /// Takes note of a rise of the device's reserved high-water mark since the last
     /// look (slow paths only).
     pub(super) fn note_growth(&mut self) {
-        let now = self.reclaim.malloc_calls;
-        self.lending.steadiness.note(self.shared.hwm(), now);
+        let now = self.reclaim.now();
+        self.lending.note_mark(self.shared.hwm(), now);
     }
 
     /// Whether this shard is steady: the device's reserved high-water mark rose at most
@@ -334,17 +239,18 @@ impl ShardState {
     /// paths only.
     pub(super) fn steady(&mut self) -> bool {
         self.note_growth();
-        self.lending.steadiness.steady(self.reclaim.malloc_calls)
+        self.lending.steady(self.reclaim.now())
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::Released;
     use std::cell::RefCell;
 
+    use super::super::lending_state::{REPEATS, STEADY_CALLS};
     use super::super::testing::{check, device, free, id_of, Others};
     use super::super::ShardState;
-    use super::{REPEATS, STEADY_CALLS};
     use crate::device::{DevicePtr, StreamHandle};
     use crate::stream::UNFENCED;
 
@@ -358,8 +264,9 @@ mod tests {
             freed: p,
         } = lender_and_borrower("lend_segments:False");
         let q = borrower
-            .malloc(4 << 20, false, &Others(vec![&lender]))
+            .malloc(4 << 20, Released::Nothing, &Others(vec![&lender]))
             .unwrap()
+            .served()
             .unwrap();
         assert_eq!(q, p, "served from the lender's free block");
         assert_eq!(
@@ -389,9 +296,9 @@ mod tests {
         assert!(!l.is_dirty(id), "the borrower's fence completed");
     }
 
-    /// Issue #17 item 8: with expandable segments, a lent block freed by its borrower
-    /// while no event could be created stayed dirty (unfenced) through every full
-    /// synchronisation, so its pages were never unmapped.
+    /// With expandable segments, a lent block freed by its borrower while no event can
+    /// be created is unfenced: the next full synchronisation clears it, so its pages
+    /// can be unmapped.
     #[test]
     fn a_block_freed_without_a_fence_goes_back_at_the_next_full_synchronisation() {
         let Setup {
@@ -402,23 +309,25 @@ mod tests {
             ..
         } = lender_and_borrower("expandable_segments:True");
         let q = borrower
-            .malloc(4 << 20, false, &Others(vec![&lender]))
+            .malloc(4 << 20, Released::Nothing, &Others(vec![&lender]))
             .unwrap()
+            .served()
             .unwrap();
         let mut l = lender.borrow_mut();
         let id = id_of(&l, q);
         assert_eq!(l.blocks[id].borrower(), Some(side));
         // No idle event to reuse, and creating one fails: the fence cannot be recorded.
-        l.waits.events.destroy_idle(&*sim, 0).unwrap();
+        l.waits.destroy_idle_events(&*sim, 0).unwrap();
         sim.fail_nth_event_create(0, 1);
         l.ptrs.remove(&q);
         l.free(id);
-        assert_eq!(l.lending.dirty.get(id), [(side, UNFENCED)]);
+        assert_eq!(l.lending.marks(id), [(side, UNFENCED)]);
         check(&l);
         l.release_cached_blocks().unwrap();
         check(&l);
         assert_eq!(
-            l.acct.reserved, 0,
+            l.acct.reserved(),
+            0,
             "pages of the unfenced block stayed mapped"
         );
         let c = sim.counters(0);
@@ -442,7 +351,11 @@ mod tests {
         let lender = RefCell::new(ShardState::new(StreamHandle::DEFAULT, shared.clone()));
         let freed = {
             let mut l = lender.borrow_mut();
-            let p = l.malloc(4 << 20, false, &Others(vec![])).unwrap().unwrap();
+            let p = l
+                .malloc(4 << 20, Released::Nothing, &Others(vec![]))
+                .unwrap()
+                .served()
+                .unwrap();
             let id = l.ptrs.remove(&p).unwrap();
             l.free(id);
             p
@@ -460,8 +373,9 @@ mod tests {
     /// The borrower allocates 4 MiB and frees it; returns whether the lender served it.
     fn borrow_and_free(lender: &RefCell<ShardState>, borrower: &mut ShardState) -> bool {
         let p = borrower
-            .malloc(4 << 20, false, &Others(vec![lender]))
+            .malloc(4 << 20, Released::Nothing, &Others(vec![lender]))
             .unwrap()
+            .served()
             .unwrap();
         if let Some(id) = borrower.ptrs.remove(&p) {
             borrower.free(id);
@@ -519,7 +433,10 @@ mod tests {
         // The lender grows (the workload is not steady): the borrows so far do not count.
         let q = {
             let mut l = lender.borrow_mut();
-            l.malloc(30 << 20, false, &Others(vec![])).unwrap().unwrap()
+            l.malloc(30 << 20, Released::Nothing, &Others(vec![]))
+                .unwrap()
+                .served()
+                .unwrap()
         };
         assert_eq!(sim.counters(0).mallocs, 2);
         for _ in 0..REPEATS {
@@ -557,17 +474,20 @@ mod tests {
     /// them after the first): the shard's malloc clock moves by `n`.
     fn tick(st: &mut ShardState, others: &Others, n: u64) {
         for _ in 0..n {
-            let p = st.malloc(1024, false, others).unwrap().unwrap();
+            let p = st
+                .malloc(1024, Released::Nothing, others)
+                .unwrap()
+                .served()
+                .unwrap();
             free(st, p);
         }
     }
 
-    /// Issue #18: a stream that borrowed for a miss the first time keeps doing so at
-    /// every pass of a steady loop where the miss comes rarely (fewer than `REPEATS`
-    /// times between two growths of the device: in the ABI trace mix, every few dozen
-    /// passes), with events each time. Once the device's reserved high-water mark has
-    /// risen at most once in `STEADY_CALLS` of its malloc calls, its miss grows its own
-    /// cache instead.
+    /// A stream whose miss comes rarely in a steady loop (fewer than `REPEATS` times
+    /// between two growths of the device) would borrow at every pass, with events.
+    /// Once the device's reserved high-water mark has risen at most once in
+    /// `STEADY_CALLS` of its malloc calls, its miss grows its own cache instead
+    /// (decision 012).
     #[test]
     #[cfg_attr(miri, ignore = "2^18 malloc calls, interpreted: hours")]
     fn a_steady_stream_grows_its_own_cache_at_a_miss() {
@@ -591,29 +511,49 @@ mod tests {
         check(&borrower);
     }
 
-    /// Issue #18: growing past the high-water mark gave an idle segment back first, which
-    /// its stream allocated again a pass later (a steady loop's pass can be longer than
-    /// the churn back-off's window), and so on. A steady stream keeps its idle segments,
-    /// and two growths close together end steadiness.
+    /// Growing past the high-water mark would give an idle segment back first, which
+    /// its stream allocates again a pass later (a steady loop's pass can be longer than
+    /// the churn back-off's window). A steady stream keeps its idle segments, and two
+    /// growths close together end steadiness (decision 012).
     #[test]
     #[cfg_attr(miri, ignore = "2^18 malloc calls, interpreted: hours")]
     fn a_steady_stream_reclaims_nothing_before_growth() {
         let (sim, shared) = device(1 << 30, "");
         let mut st = ShardState::new(crate::device::StreamHandle::DEFAULT, shared);
         let none = Others(vec![]);
-        let small = st.malloc(1024, false, &none).unwrap().unwrap(); // a small segment
-        let idle = st.malloc(12 << 20, false, &none).unwrap().unwrap();
+        let small = st
+            .malloc(1024, Released::Nothing, &none)
+            .unwrap()
+            .served()
+            .unwrap(); // a small segment
+        let idle = st
+            .malloc(12 << 20, Released::Nothing, &none)
+            .unwrap()
+            .served()
+            .unwrap();
         free(&mut st, idle); // a 20 MiB segment, idle, at the high-water mark
         tick(&mut st, &none, STEADY_CALLS);
         let frees = sim.counters(0).frees;
-        let live = st.malloc(24 << 20, false, &none).unwrap().unwrap();
+        let live = st
+            .malloc(24 << 20, Released::Nothing, &none)
+            .unwrap()
+            .served()
+            .unwrap();
         assert_eq!(sim.counters(0).frees, frees, "the idle segment stays");
-        assert_eq!(st.acct.reserved, (20 << 20) + (2 << 20) + (24 << 20));
+        assert_eq!(st.acct.reserved(), (20 << 20) + (2 << 20) + (24 << 20));
         // A second growth soon after: no longer steady, the idle segment goes back
         // before the third.
-        let second = st.malloc(40 << 20, false, &none).unwrap().unwrap();
+        let second = st
+            .malloc(40 << 20, Released::Nothing, &none)
+            .unwrap()
+            .served()
+            .unwrap();
         assert_eq!(sim.counters(0).frees, frees);
-        let third = st.malloc(48 << 20, false, &none).unwrap().unwrap();
+        let third = st
+            .malloc(48 << 20, Released::Nothing, &none)
+            .unwrap()
+            .served()
+            .unwrap();
         assert_eq!(sim.counters(0).frees, frees + 1, "reclaimed again");
         for p in [small, live, second, third] {
             free(&mut st, p);
@@ -631,12 +571,13 @@ mod tests {
             ..
         } = lender_and_borrower("");
         borrower
-            .malloc(4 << 20, false, &Others(vec![&lender]))
+            .malloc(4 << 20, Released::Nothing, &Others(vec![&lender]))
             .unwrap()
+            .served()
             .unwrap();
         assert_eq!(sim.counters(0).mallocs, 1);
         assert_eq!(
-            (lender.borrow().acct.reserved, borrower.acct.reserved),
+            (lender.borrow().acct.reserved(), borrower.acct.reserved()),
             (0, 20 << 20)
         );
         check(&lender.borrow());

@@ -19,12 +19,12 @@ impl ShardState {
     /// `taker` itself, whose own order suffices).
     #[cold]
     pub(super) fn wait_for_dirty(&mut self, id: BlockId, taker: StreamHandle) -> Result<(), Error> {
-        let marks: Vec<_> = self.lending.dirty.get(id).to_vec();
+        let marks: Vec<_> = self.lending.marks(id).to_vec();
         for (s, epoch) in marks {
-            if s != taker && !self.lending.fences.is_clear(s, epoch) {
+            if s != taker && !self.lending.is_clear(s, epoch) {
                 self.order_after(taker, s)?;
                 if taker == self.stream {
-                    self.lending.fences.met(s);
+                    self.lending.met(s);
                 }
             }
         }
@@ -33,8 +33,8 @@ impl ShardState {
 
     /// Drops block `id`'s dirty state if all its marks are clear.
     pub(super) fn prune_marks(&mut self, id: BlockId) {
-        if self.blocks[id].dirty && self.lending.fences.all_clear(self.lending.dirty.get(id)) {
-            self.lending.dirty.take(id);
+        if self.blocks[id].dirty && self.lending.all_clear(id) {
+            self.lending.forget(id);
             self.blocks[id].dirty = false;
         }
     }
@@ -43,18 +43,12 @@ impl ShardState {
     /// stays dirty on it (taking one would record an event on the capturing stream).
     pub fn settle_fences_on(&mut self, stream: StreamHandle) -> Result<(), Error> {
         let index = self.index;
-        let events = &mut self.waits.events;
+        let waits = &mut self.waits;
         self.lending
-            .fences
-            .synchronize(&*self.dev, index, Some(stream), |ev| events.put(ev))?;
-        let unfenced = self
-            .lending
-            .dirty
-            .iter()
-            .any(|(_, m)| m.iter().any(|&(s, e)| s == stream && e == UNFENCED));
-        if unfenced {
+            .synchronize_fences(&*self.dev, index, Some(stream), |ev| waits.recycle(ev))?;
+        if self.lending.unfenced_on(stream) {
             self.dev.synchronize_stream(index, stream)?;
-            for id in self.lending.dirty.clear_stream(stream) {
+            for id in self.lending.clear_stream(stream) {
                 self.blocks[id].dirty = false;
             }
         }
@@ -65,17 +59,9 @@ impl ShardState {
     /// not be recorded) and drops those marks, so that after a full synchronisation no
     /// block stays dirty for want of a fence (a dirty block's pages are never unmapped).
     pub(super) fn settle_unfenced(&mut self) -> Result<(), DeviceError> {
-        let mut streams: Vec<StreamHandle> = self
-            .lending
-            .dirty
-            .iter()
-            .flat_map(|(_, m)| m.iter().filter(|&&(_, e)| e == UNFENCED).map(|&(s, _)| s))
-            .collect();
-        streams.sort();
-        streams.dedup();
-        for s in streams {
+        for s in self.lending.unfenced_streams() {
             self.dev.synchronize_stream(self.index, s)?;
-            for id in self.lending.dirty.clear_stream(s) {
+            for id in self.lending.clear_stream(s) {
                 self.blocks[id].dirty = false;
             }
         }
@@ -91,30 +77,26 @@ impl ShardState {
             return; // no event queries while a graph is captured
         }
         let index = self.index;
-        if !self.lending.fences.is_empty() {
-            let events = &mut self.waits.events;
-            self.lending
-                .fences
-                .poll(&*self.dev, index, |ev| events.put(ev));
-        }
+        let waits = &mut self.waits;
+        (self.lending).poll_fences(&*self.dev, index, |ev| waits.recycle(ev));
     }
 
     /// Whether block `id` may still be in use on a stream it was lent to.
     pub(super) fn is_dirty(&self, id: BlockId) -> bool {
-        self.blocks[id].dirty && !self.lending.fences.all_clear(self.lending.dirty.get(id))
+        self.blocks[id].dirty && !self.lending.all_clear(id)
     }
 
     /// Records a fence on `borrower` for a lent block it just freed; returns the
     /// epoch of the block's dirty mark.
     pub(super) fn fence(&mut self, borrower: StreamHandle) -> u64 {
         let index = self.index;
-        let Ok(ev) = self.waits.events.get(&*self.dev, index) else {
+        let Ok(ev) = self.waits.event(&*self.dev, index) else {
             return UNFENCED;
         };
         match self.dev.event_record(index, ev, borrower) {
-            Ok(()) => self.lending.fences.push(borrower, ev),
+            Ok(()) => self.lending.fenced(borrower, ev),
             Err(_) => {
-                self.waits.events.put(ev);
+                self.waits.recycle(ev);
                 UNFENCED
             }
         }
@@ -128,12 +110,12 @@ impl ShardState {
         from: StreamHandle,
     ) -> Result<(), Error> {
         let index = self.index;
-        let ordered = self.waits.events.get(&*self.dev, index).and_then(|ev| {
+        let ordered = self.waits.event(&*self.dev, index).and_then(|ev| {
             let r = self
                 .dev
                 .event_record(index, ev, from)
                 .and_then(|_| self.dev.stream_wait_event(index, stream, ev));
-            self.waits.events.put(ev);
+            self.waits.recycle(ev);
             r
         });
         if ordered.is_err() {
@@ -155,10 +137,10 @@ mod tests {
         let epoch = st.fence(side);
         assert_ne!(epoch, UNFENCED);
         st.poll_fences();
-        assert!(!st.lending.fences.is_clear(side, epoch));
+        assert!(!st.lending.is_clear(side, epoch));
         sim.complete_stream(0, side).unwrap();
         st.poll_fences();
-        assert!(st.lending.fences.is_clear(side, epoch));
+        assert!(st.lending.is_clear(side, epoch));
     }
 
     #[test]

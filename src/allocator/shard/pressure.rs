@@ -1,4 +1,5 @@
-//! Memory pressure: a device-side wait for a pending free instead of growth (issue #16).
+//! Memory pressure: a device-side wait for a pending free instead of growth (decision
+//! 014).
 //!
 //! When growing would pass the device's capacity, the memory fraction or the reserve
 //! budget (`reserve_budget_mb`), a block that only waits for the events of the other
@@ -10,7 +11,7 @@
 //! there before it, since a stream's events complete in order: those frees of this
 //! stream's own pool join the free lists too and merge, the stream-ordered form of
 //! PyTorch's `synchronize_and_free_events`; measured against waiting for the one
-//! block, benches/README.md "Session 10, lead"); if none fits, another
+//! block, decision 015); if none fits, another
 //! shard's (`borrow_pending_free`): that shard ends the block's waits the same way and
 //! lends it as `lend_block` does, which also orders the borrower after the lender's own
 //! stream (an event recorded there now), so the borrower runs after every stream the
@@ -19,7 +20,7 @@
 //! on each, counted in its shard's queues) is taken, then the smallest.
 //!
 //! Contract:
-//! - runs only with `wait_before_growth` (off in `PYTORCH_POLICY`), never during a
+//! - runs only with `pressure_wait` (off in `PYTORCH_POLICY`), never during a
 //!   capture (a capture never waits or syncs), never with expandable segments (a freed
 //!   page may be unmapped at once; the device wait must not be the only order there);
 //!   another shard's pending free only with `lend_blocks`, and never from or to a
@@ -46,8 +47,8 @@
 //! Invariant: only blocks whose wait count equals their queued events (none parked or
 //! deferred) are candidates, so ending their waits returns them to the free lists.
 
-use super::ladder::Request;
-use super::{Grant, Peers, ShardState};
+use super::request::{BestFit, Grant, Request};
+use super::{Peers, ShardState};
 use crate::device::{DevicePtr, EventHandle, StreamHandle};
 use crate::pool::{BlockId, Phase};
 
@@ -63,8 +64,7 @@ impl ShardState {
     /// Whether this shard may take part in a device-side wait for a pending free (as
     /// the allocating stream or as the owner of the block): the module contract.
     fn may_wait_on_device(&self) -> bool {
-        let config = &self.shared.config;
-        config.wait_before_growth && !config.expandable_segments && !self.capture_underway()
+        self.shared.policy.pressure_wait && !self.capture_underway()
     }
 
     /// The pressure rung: a pending free of this shard (`wait_for_pending_free`), else
@@ -84,17 +84,19 @@ impl ShardState {
     /// Returns the block that serves `req`, if any.
     #[cold]
     pub(super) fn wait_for_pending_free(&mut self, req: &Request) -> Option<BlockId> {
-        if !self.may_wait_on_device() || req.stream != self.stream || self.waits.pending.is_empty()
+        if !self.may_wait_on_device()
+            || req.stream != self.stream
+            || self.waits.pending().is_empty()
         {
             return None;
         }
         let (id, _) = self.closest_pending_fit(req)?;
-        let streams: Vec<StreamHandle> = (self.waits.pending.iter())
+        let streams: Vec<StreamHandle> = (self.waits.pending().iter())
             .filter(|&(_, _, b)| b == id)
             .map(|(s, _, _)| s)
             .collect();
         for &s in &streams {
-            let last = self.waits.pending.last_on(s)?;
+            let last = self.waits.pending().last_on(s)?;
             if s != self.stream
                 && self
                     .dev
@@ -108,10 +110,10 @@ impl ShardState {
             let blocks = &self.blocks;
             // Only the stream's own pool: a graph-private block may next be used by a
             // stream that is not ordered after this one.
-            let ended = (self.waits.pending).take_where(s, |b| blocks[b].pool.is_none());
+            let ended = self.waits.take_where(s, |b| blocks[b].pool.is_none());
             self.waits_ended(ended);
         }
-        self.acct.device_waits += 1;
+        self.acct.count_device_wait();
         self.get_free_block(req.kind, req.rounded)
     }
 
@@ -124,7 +126,7 @@ impl ShardState {
     fn take_pending(&mut self, id: BlockId, stream: StreamHandle) -> bool {
         let events: Vec<EventHandle> = self
             .waits
-            .pending
+            .pending()
             .iter()
             .filter(|&(s, _, b)| b == id && s != stream)
             .map(|(_, ev, _)| ev)
@@ -136,11 +138,11 @@ impl ShardState {
         }
         if stream != self.stream {
             let epoch = self.fence(stream);
-            self.lending.dirty.add(id, stream, epoch);
+            self.lending.mark(id, stream, epoch);
             self.blocks[id].dirty = true;
         }
-        for (_, ev) in self.waits.pending.remove_item(id) {
-            self.waits.events.put(ev);
+        for (_, ev) in self.waits.remove_block(id) {
+            self.waits.recycle(ev);
             self.event_done(id);
         }
         true
@@ -152,7 +154,7 @@ impl ShardState {
     #[cold]
     fn borrow_pending_free(&mut self, req: &Request, peers: &dyn Peers) -> Option<DevicePtr> {
         if !self.may_wait_on_device()
-            || !self.shared.config.lend_blocks
+            || !self.shared.policy.lend_blocks
             || req.stream != self.stream
         {
             return None;
@@ -176,7 +178,7 @@ impl ShardState {
             false
         });
         if lent.is_some() {
-            self.acct.device_waits += 1;
+            self.acct.count_device_wait();
         }
         lent
     }
@@ -184,7 +186,7 @@ impl ShardState {
     /// The lender's side, first pass: (events ahead, size) of the pending free of this
     /// shard that would serve `req` (made on another stream), if any.
     fn pending_offer(&self, req: &Request) -> Option<(usize, usize)> {
-        if !self.may_wait_on_device() || self.waits.pending.is_empty() {
+        if !self.may_wait_on_device() || self.waits.pending().is_empty() {
             return None;
         }
         let (id, ahead) = self.closest_pending_fit(req)?;
@@ -196,9 +198,9 @@ impl ShardState {
     /// then lent to it (`lend_block`, which orders the borrower after this stream). The
     /// hot cache is merged first: its blocks may combine with the block into a better
     /// fit (measured: merging only when the block itself went there needed more memory
-    /// on mobilenet_infer rr4, benches/README.md).
+    /// on mobilenet_infer rr4; decision 040).
     fn lend_pending_free(&mut self, req: &Request) -> Option<DevicePtr> {
-        if !self.may_wait_on_device() || self.waits.pending.is_empty() {
+        if !self.may_wait_on_device() || self.waits.pending().is_empty() {
             return None;
         }
         let (id, _) = self.closest_pending_fit(req)?;
@@ -206,7 +208,7 @@ impl ShardState {
             return None;
         }
         self.flush_hot();
-        self.lend_block(req)
+        self.lend_block(req, BestFit::Plain)
     }
 
     /// The pending free of this shard's own pool that fits `req` and whose streams are
@@ -215,7 +217,7 @@ impl ShardState {
     fn closest_pending_fit(&self, req: &Request) -> Option<(BlockId, usize)> {
         let mut queued: Vec<(BlockId, usize)> = Vec::new(); // (block, events ahead)
         let mut ahead: rustc_hash::FxHashMap<StreamHandle, usize> = Default::default();
-        for (s, _, id) in self.waits.pending.iter() {
+        for (s, _, id) in self.waits.pending().iter() {
             let n = ahead.entry(s).or_default();
             match queued.iter_mut().find(|(b, _)| *b == id) {
                 Some(e) => e.1 = e.1.max(*n),
@@ -225,7 +227,7 @@ impl ShardState {
         }
         queued
             .into_iter()
-            .filter(|&(id, _)| self.pending_fits(id, req, &self.waits.pending))
+            .filter(|&(id, _)| self.pending_fits(id, req, self.waits.pending()))
             .min_by_key(|&(id, n)| (n, self.blocks[id].size, id))
     }
 
@@ -248,9 +250,10 @@ impl ShardState {
 
 #[cfg(test)]
 mod tests {
+    use super::super::Released;
     use std::cell::RefCell;
 
-    use super::super::testing::{check, device, free, id_of, Others};
+    use super::super::testing::{check, device, free, id_of, malloc_ok, Others};
     use super::super::{NoPeers, ShardState};
     use crate::device::StreamHandle;
     use crate::pool::Phase;
@@ -269,7 +272,7 @@ mod tests {
         let (sim, shared) = device(50 * MIB, conf);
         let mut st = ShardState::new(StreamHandle::DEFAULT, shared);
         let side = sim.create_stream(0).unwrap();
-        let p = st.malloc(30 * MIB, false, &NoPeers).unwrap().unwrap();
+        let p = malloc_ok(&mut st, 30 * MIB);
         let id = id_of(&st, p);
         st.record_stream(id, p, side).unwrap();
         free(&mut st, p);
@@ -280,11 +283,11 @@ mod tests {
     #[test]
     fn under_pressure_the_stream_waits_on_the_device_for_a_pending_free() {
         let (sim, mut st, p, side) = pressed("");
-        let q = st.malloc(30 * MIB, false, &NoPeers).unwrap().unwrap();
+        let q = malloc_ok(&mut st, 30 * MIB);
         assert_eq!(q, p, "the pending block serves it");
         let c = sim.counters(0);
         assert_eq!((c.synchronizations, c.mallocs, c.stream_waits), (0, 1, 1));
-        assert_eq!(st.acct.device_waits, 1);
+        assert_eq!(st.acct.device_waits(), 1);
         // The wait is queued on this stream: it cannot run past it before the side
         // stream ran past the free.
         assert_eq!(sim.pending(0, st.stream).unwrap(), 1);
@@ -300,24 +303,29 @@ mod tests {
         let (sim, shared) = device(64 * MIB, "adaptive_segments:False");
         let mut st = ShardState::new(StreamHandle::DEFAULT, shared);
         let side = sim.create_stream(0).unwrap();
-        let whole = st.malloc(62 * MIB, false, &NoPeers).unwrap().unwrap();
+        let whole = malloc_ok(&mut st, 62 * MIB);
         free(&mut st, whole);
-        let pa = st.malloc(30 * MIB, false, &NoPeers).unwrap().unwrap();
-        let pb = st.malloc(30 * MIB, false, &NoPeers).unwrap().unwrap();
-        let _keep = st.malloc(2 * MIB, false, &NoPeers).unwrap().unwrap();
+        let pa = malloc_ok(&mut st, 30 * MIB);
+        let pb = malloc_ok(&mut st, 30 * MIB);
+        let _keep = malloc_ok(&mut st, 2 * MIB);
         for q in [pa, pb] {
             st.record_stream(id_of(&st, q), q, side).unwrap();
             free(&mut st, q);
         }
         assert_eq!(st.pending_count(), 2);
-        let q = st.malloc(30 * MIB, false, &NoPeers).unwrap().unwrap();
+        let q = malloc_ok(&mut st, 30 * MIB);
         assert_eq!(q, pa, "the first freed, closest to done");
         assert_eq!(
             st.pending_count(),
             0,
             "the later free is covered by the same wait"
         );
-        assert_eq!(st.malloc(30 * MIB, false, &NoPeers).unwrap(), Some(pb));
+        assert_eq!(
+            st.malloc(30 * MIB, Released::Nothing, &NoPeers)
+                .unwrap()
+                .served(),
+            Some(pb)
+        );
         let c = sim.counters(0);
         assert_eq!((c.synchronizations, c.mallocs, c.stream_waits), (0, 1, 1));
         check(&st);
@@ -325,16 +333,21 @@ mod tests {
 
     #[test]
     fn pytorchs_path_and_plentiful_memory_add_no_wait() {
-        let (sim, mut st, _, _) = pressed("wait_before_growth:False");
-        assert_eq!(st.malloc(30 * MIB, false, &NoPeers).unwrap(), None);
+        let (sim, mut st, _, _) = pressed("pressure_wait:False");
+        assert_eq!(
+            st.malloc(30 * MIB, Released::Nothing, &NoPeers)
+                .unwrap()
+                .served(),
+            None
+        );
         assert_eq!(sim.counters(0).stream_waits, 0);
         let (sim, shared) = device(1 << 30, "");
         let mut st = ShardState::new(StreamHandle::DEFAULT, shared);
         let side = sim.create_stream(0).unwrap();
-        let p = st.malloc(30 * MIB, false, &NoPeers).unwrap().unwrap();
+        let p = malloc_ok(&mut st, 30 * MIB);
         st.record_stream(id_of(&st, p), p, side).unwrap();
         free(&mut st, p);
-        assert_ne!(st.malloc(30 * MIB, false, &NoPeers).unwrap().unwrap(), p);
+        assert_ne!(malloc_ok(&mut st, 30 * MIB), p);
         assert_eq!(sim.counters(0).stream_waits, 0);
         check(&st);
     }
@@ -344,13 +357,17 @@ mod tests {
         let (sim, shared) = device(1 << 30, "reserve_budget_mb:40");
         let mut st = ShardState::new(StreamHandle::DEFAULT, shared);
         let side = sim.create_stream(0).unwrap();
-        let p = st.malloc(30 * MIB, false, &NoPeers).unwrap().unwrap();
+        let p = malloc_ok(&mut st, 30 * MIB);
         st.record_stream(id_of(&st, p), p, side).unwrap();
         free(&mut st, p);
-        assert_eq!(st.malloc(30 * MIB, false, &NoPeers).unwrap().unwrap(), p);
+        assert_eq!(malloc_ok(&mut st, 30 * MIB), p);
         assert_eq!(sim.counters(0).mallocs, 1);
         // Nothing pending: the budget is soft, growth goes on.
-        assert!(st.malloc(30 * MIB, false, &NoPeers).unwrap().is_some());
+        assert!(st
+            .malloc(30 * MIB, Released::Nothing, &NoPeers)
+            .unwrap()
+            .served()
+            .is_some());
         assert_eq!(sim.counters(0).mallocs, 2);
         check(&st);
     }
@@ -360,7 +377,11 @@ mod tests {
         let (sim, mut st, _, _) = pressed("");
         st.begin_allocate_to_pool(crate::device::MempoolId(1, 1))
             .unwrap();
-        assert!(st.malloc(30 * MIB, false, &NoPeers).is_err());
+        let e = st
+            .malloc(30 * MIB, Released::Nothing, &NoPeers)
+            .unwrap()
+            .unwrap_oom();
+        assert!(matches!(e, crate::error::Error::OutOfMemory { .. }));
         assert_eq!(sim.counters(0).stream_waits, 0);
     }
 
@@ -385,7 +406,10 @@ mod tests {
     #[test]
     fn another_streams_pending_free_is_lent_after_device_waits() {
         let (sim, lender, mut b, p, side) = lender_and("", |sim, _| sim.create_stream(0).unwrap());
-        let q = b.malloc(30 * MIB, false, &Others(vec![&lender])).unwrap();
+        let q = b
+            .malloc(30 * MIB, Released::Nothing, &Others(vec![&lender]))
+            .unwrap()
+            .served();
         assert_eq!(q, Some(p), "the lender's pending free serves it");
         let c = sim.counters(0);
         // One wait for the event recorded on `side` at the free, one for the lender's
@@ -399,7 +423,7 @@ mod tests {
             1,
             "the side stream has not run"
         );
-        assert_eq!(b.acct.device_waits, 1);
+        assert_eq!(b.acct.device_waits(), 1);
         let l = lender.borrow();
         let id = id_of(&l, p);
         assert_eq!(l.blocks[id].phase, Phase::Lent);
@@ -414,7 +438,10 @@ mod tests {
         // The borrower is the stream the block was recorded on: its own order covers
         // the event recorded there; it waits for the lender's stream only.
         let (sim, lender, mut b, p, _) = lender_and("", |_, side| side);
-        let q = b.malloc(30 * MIB, false, &Others(vec![&lender])).unwrap();
+        let q = b
+            .malloc(30 * MIB, Released::Nothing, &Others(vec![&lender]))
+            .unwrap()
+            .served();
         assert_eq!(q, Some(p));
         let c = sim.counters(0);
         assert_eq!((c.synchronizations, c.stream_waits), (0, 1));
@@ -426,17 +453,22 @@ mod tests {
         let (sim, lender, mut b, _, _) =
             lender_and("lend_blocks:False", |sim, _| sim.create_stream(0).unwrap());
         assert_eq!(
-            b.malloc(30 * MIB, false, &Others(vec![&lender])).unwrap(),
+            b.malloc(30 * MIB, Released::Nothing, &Others(vec![&lender]))
+                .unwrap()
+                .served(),
             None
         );
         assert_eq!(sim.counters(0).stream_waits, 0);
         let (sim, lender, mut b, _, _) = lender_and("", |sim, _| sim.create_stream(0).unwrap());
-        lender
-            .borrow_mut()
-            .begin_allocate_to_pool(crate::device::MempoolId(1, 1))
-            .unwrap();
+        // A lender routed to a graph pool (no capture marked: the borrower may still
+        // release caches) lends nothing.
+        let pool = crate::device::MempoolId(1, 1);
+        lender.borrow().shared.pools.incref(pool).unwrap();
+        lender.borrow_mut().route_to(pool, false).unwrap();
         assert_eq!(
-            b.malloc(30 * MIB, false, &Others(vec![&lender])).unwrap(),
+            b.malloc(30 * MIB, Released::Nothing, &Others(vec![&lender]))
+                .unwrap()
+                .served(),
             None
         );
         assert_eq!(sim.counters(0).stream_waits, 0);

@@ -9,15 +9,9 @@
 
 use super::Peers;
 use super::ShardState;
+use crate::allocator::history::TraceAction;
 use crate::error::Error;
 use crate::pool::{BlockId, PoolKind};
-
-/// How many recent reclaims are remembered for churn detection.
-const RECENT_RECLAIMS: usize = 64;
-/// A reclaimed segment allocated again within this many malloc calls counts as churn.
-const RECLAIM_WINDOW: u64 = 4096;
-/// The idle requirement after the first churn.
-const MIN_RECLAIM_IDLE: u64 = 64;
 
 impl ShardState {
     /// This stream's own cached whole segments of `kinds` (in that order) that could go
@@ -45,11 +39,9 @@ impl ShardState {
         let index = self.index;
         let b = &self.blocks[id];
         debug_assert!(b.is_free() && !b.is_split());
-        for &(s, epoch) in self.lending.dirty.get(id) {
-            if !self.lending.fences.is_clear(s, epoch) {
-                // Work queued there may still use it; device frees need not wait for it.
-                self.dev.synchronize_stream(index, s)?;
-            }
+        for s in self.lending.open_streams(id) {
+            // Work queued there may still use it; device frees need not wait for it.
+            self.dev.synchronize_stream(index, s)?;
         }
         let range = self
             .shared
@@ -58,14 +50,14 @@ impl ShardState {
         let freed = self.dev.free(index, b.ptr);
         drop(range);
         freed?;
-        let (kind, size, pool) = (b.kind, b.size, b.pool);
+        let (kind, size, pool, ptr) = (b.kind, b.size, b.pool, b.ptr);
         self.pool_remove(id);
         self.blocks.remove(id);
-        self.lending.dirty.take(id);
+        self.lending.forget(id);
         self.shared.unreserve(size);
         self.segment_removed(kind, size);
-        self.note_pool_reserved(pool, kind, size, false);
-        self.acct.stats.num_device_free += 1;
+        self.note_device_memory(pool, kind, ptr, size, TraceAction::SegmentFree);
+        self.acct.count_device_frees(1);
         Ok(())
     }
 
@@ -103,7 +95,7 @@ impl ShardState {
 
     /// Frees every cached whole segment that can go back without a host wait (not
     /// dirty, in a releasable pool), after taking in the events and fences that
-    /// completed; returns whether any went back (the first rung of `last_resort.rs`).
+    /// completed; returns whether any went back (the rung `ReleaseClean`, `../last_resort.rs`).
     pub fn release_clean_segments(&mut self) -> bool {
         self.process_events();
         self.poll_fences();
@@ -137,7 +129,7 @@ impl ShardState {
     pub(super) fn release_available_cached_blocks(&mut self, kind: PoolKind, size: usize) -> bool {
         let index = self.index;
         let max_split = self.shared.config.max_split_size;
-        if max_split == usize::MAX {
+        if max_split == usize::MAX || !self.pool_releasable(self.route()) {
             return false;
         }
         let target = size.max(max_split);
@@ -178,14 +170,14 @@ impl ShardState {
     /// nothing back, and its idle segments are not taken by another stream's growth:
     /// at steady state they are its loop's, needed again.
     ///
-    /// Measured cost (benches/README.md, *Session 9, w1*): a segment returned for a
+    /// Measured cost (decision 004): a segment returned for a
     /// growth of the other pool (a large one for a 2 MiB small-pool segment) is what a
     /// repeated workload's second pass makes again (mlp_infer, bert_infer_varlen: one
     /// device malloc each, the one-pass mark 2 MiB under PyTorch's); every rule tried
     /// that blocks such reclaims lost an uncapped figure elsewhere.
     pub(super) fn release_empty_before_growth(&mut self, seg_size: usize, peers: &dyn Peers) {
         let index = self.index;
-        if !self.shared.config.reclaim_before_growth || self.capture_underway() {
+        if !self.shared.policy.reclaim_before_growth || self.capture_underway() {
             return;
         }
         let over = (self.shared.reserved() + seg_size).saturating_sub(self.shared.hwm());
@@ -207,10 +199,10 @@ impl ShardState {
     /// fewest device frees for the bytes) until `want` bytes are freed; returns the bytes.
     pub(super) fn release_idle_segments(&mut self, want: usize) -> usize {
         self.poll_fences();
-        let min_idle = self.reclaim.min_idle;
+        let min_idle = self.reclaim.min_idle();
         let mut empties: Vec<(usize, BlockId)> = self
             .clean_whole_segments(&[PoolKind::Small, PoolKind::Large])
-            .filter(|&(_, id)| self.reclaim.malloc_calls - self.blocks[id].freed_at >= min_idle)
+            .filter(|&(_, id)| self.reclaim.idle_for(self.blocks[id].freed_at, min_idle))
             .collect();
         empties.sort_by_key(|e| std::cmp::Reverse(e.0));
         let mut released = 0;
@@ -220,38 +212,13 @@ impl ShardState {
             }
             if self.release_block(id).is_ok() {
                 released += s;
-                if self.reclaim.recent.len() == RECENT_RECLAIMS {
-                    self.reclaim.recent.pop_front();
-                }
-                self.reclaim
-                    .recent
-                    .push_back((s, self.reclaim.malloc_calls));
+                self.reclaim.note_reclaimed(s);
             }
         }
         if released < want {
             released += self.vm_release_free(want - released, min_idle);
         }
         released
-    }
-
-    /// A new segment of `size` bytes: if one like it was reclaimed recently, reclaiming
-    /// is churning (a cyclic workload needs it back), so demand longer idleness.
-    pub(super) fn note_segment_malloc(&mut self, size: usize) {
-        let now = self.reclaim.malloc_calls;
-        let window = RECLAIM_WINDOW;
-        if let Some(i) = self
-            .reclaim
-            .recent
-            .iter()
-            .position(|&(s, at)| s == size && now - at <= window)
-        {
-            self.reclaim.recent.remove(i);
-            self.reclaim.min_idle = self
-                .reclaim
-                .min_idle
-                .saturating_mul(2)
-                .max(MIN_RECLAIM_IDLE);
-        }
     }
 
     /// PyTorch's garbage collection: free old, unsplit large cached blocks until usage
@@ -281,7 +248,7 @@ impl ShardState {
     pub(super) fn collect_old_blocks(&mut self, target: usize) -> usize {
         let mut candidates: Vec<(u64, usize, BlockId)> = self
             .clean_whole_segments(&[PoolKind::Large])
-            .map(|(s, id)| (self.reclaim.gc_calls - self.blocks[id].gc_count_base, s, id))
+            .map(|(s, id)| (self.reclaim.gc_age(self.blocks[id].gc_count_base), s, id))
             .collect();
         let mut reclaimed = 0;
         while reclaimed < target && !candidates.is_empty() {
@@ -303,10 +270,8 @@ impl ShardState {
     pub fn empty_cache(&mut self) -> Result<(), Error> {
         let index = self.index;
         let released = self.release_cached_blocks();
-        let destroyed = self
-            .waits
-            .events
-            .destroy_idle(&*self.dev, index)
+        let destroyed = (self.waits)
+            .destroy_idle_events(&*self.dev, index)
             .map_err(Error::from);
         released.and(destroyed)
     }
@@ -314,20 +279,19 @@ impl ShardState {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::{check, free, shard};
-    use super::super::NoPeers;
+    use super::super::testing::{check, free, malloc_ok, shard};
 
     #[test]
     fn a_cache_release_frees_every_free_segment() {
         let (sim, mut st) = shard("");
-        let small = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
-        let large = st.malloc(4 << 20, false, &NoPeers).unwrap().unwrap();
+        let small = malloc_ok(&mut st, 1000);
+        let large = malloc_ok(&mut st, 4 << 20);
         free(&mut st, small);
         free(&mut st, large);
-        assert_eq!(st.acct.reserved, (2 << 20) + (20 << 20));
+        assert_eq!(st.acct.reserved(), (2 << 20) + (20 << 20));
         st.release_cached_blocks().unwrap();
-        assert_eq!(st.acct.reserved, 0);
-        assert_eq!(st.acct.stats.num_device_free, 2);
+        assert_eq!(st.acct.reserved(), 0);
+        assert_eq!(st.acct.stats().num_device_free, 2);
         assert_eq!(sim.counters(0).live_bytes, 0);
         check(&st);
     }
@@ -335,9 +299,9 @@ mod tests {
     #[test]
     fn live_blocks_keep_their_segment() {
         let (_sim, mut st) = shard("");
-        let _live = st.malloc(1000, false, &NoPeers).unwrap().unwrap();
+        let _live = malloc_ok(&mut st, 1000);
         st.release_cached_blocks().unwrap();
-        assert_eq!(st.acct.reserved, 2 << 20);
+        assert_eq!(st.acct.reserved(), 2 << 20);
         check(&st);
     }
 }

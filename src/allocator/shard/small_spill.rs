@@ -1,5 +1,5 @@
 //! At the last rung, a small-pool request takes a free block of a large-pool segment
-//! rather than run out of memory (issue #16).
+//! rather than run out of memory (decision 017).
 //!
 //! PyTorch keeps the pools apart: a request of 1 MiB or less only ever takes a block of
 //! a 2 MiB small-pool segment, and when the device cannot give one more, it is out of
@@ -14,7 +14,7 @@
 //! fit in this stream's large-pool free lists instead of failing.
 //!
 //! Contract:
-//! - only on npualloc's path (`wait_before_growth`; PyTorch's policy keeps PyTorch's
+//! - only with `small_spill` (PyTorch's policy keeps PyTorch's
 //!   out of memory), without expandable segments, and only where the request would
 //!   otherwise be out of memory: a replay with no out of memory is unchanged, so are
 //!   all uncapped figures;
@@ -26,14 +26,14 @@
 //! - `max_split_size_mb` holds: best fit does not take an oversize block for it
 //!   (`get_free_block`).
 //!
-//! Measured and dropped (benches/README.md, issue #16, session 10 w1): the same before
+//! Measured and dropped (decision 039): the same before
 //! the last rung's host synchronisation, or before the last rungs at all (fewer host
 //! syncs, but small requests then spill where the synchronised small frees would have
 //! served: min capacity worse on 2 to 9 cases); also borrowing another stream's
 //! large-pool block (two cases better, host syncs at each case's own min capacity
 //! 368 → 4,337).
 
-use super::ladder::Request;
+use super::request::Request;
 use super::ShardState;
 use crate::pool::{BlockId, PoolKind};
 
@@ -41,8 +41,7 @@ impl ShardState {
     /// A free block of this stream's large pool for small request `req`, the last
     /// step before out of memory (module contract); out of its free list.
     pub(super) fn take_large_for_small(&mut self, req: &Request) -> Option<BlockId> {
-        let config = &self.shared.config;
-        if req.kind != PoolKind::Small || !config.wait_before_growth || config.expandable_segments {
+        if req.kind != PoolKind::Small {
             return None;
         }
         self.get_free_block(PoolKind::Large, req.rounded)
@@ -51,7 +50,8 @@ impl ShardState {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::{check, free, id_of, shard_on};
+    use super::super::testing::{check, free, id_of, malloc_ok, shard_on};
+    use super::super::Released;
     use super::super::{NoPeers, ShardState};
     use crate::device::sim::SimDevice;
     use crate::error::Error;
@@ -65,12 +65,16 @@ mod tests {
     /// filled by 1 MiB requests: no small-pool segment can grow.
     fn full_small_pool(conf: &str) -> (Arc<SimDevice>, ShardState) {
         let (sim, mut st) = shard_on(24 << 20, conf);
-        let whole = st.malloc(20 << 20, false, &NoPeers).unwrap().unwrap();
+        let whole = malloc_ok(&mut st, 20 << 20);
         free(&mut st, whole);
-        let large = st.malloc(12 << 20, false, &NoPeers).unwrap().unwrap();
-        let _pin = st.malloc(2 << 20, false, &NoPeers).unwrap().unwrap();
+        let large = malloc_ok(&mut st, 12 << 20);
+        let _pin = malloc_ok(&mut st, 2 << 20);
         for _ in 0..4 {
-            assert!(st.malloc(1 << 20, false, &NoPeers).unwrap().is_some());
+            assert!(st
+                .malloc(1 << 20, Released::Nothing, &NoPeers)
+                .unwrap()
+                .served()
+                .is_some());
         }
         free(&mut st, large);
         st.finish_merge();
@@ -81,12 +85,21 @@ mod tests {
     #[test]
     fn a_small_request_takes_a_large_block_rather_than_run_out_of_memory() {
         let (sim, mut st) = full_small_pool("");
-        assert_eq!(st.malloc(1000, false, &NoPeers).unwrap(), None);
-        let p = st.malloc(1000, true, &NoPeers).unwrap().unwrap();
+        assert_eq!(
+            st.malloc(1000, Released::Nothing, &NoPeers)
+                .unwrap()
+                .served(),
+            None
+        );
+        let p = st
+            .malloc(1000, Released::Others, &NoPeers)
+            .unwrap()
+            .served()
+            .unwrap();
         let id = id_of(&st, p);
         assert_eq!(st.blocks[id].kind, PoolKind::Large);
         assert_eq!(st.blocks[id].size, 1024);
-        assert_eq!(st.acct.stats.num_ooms, 0);
+        assert_eq!(st.acct.stats().num_ooms, 0);
         assert_eq!(sim.counters(0).mallocs, 3);
         // Counted in the large pool, as its segment: the 2 MiB block and this one.
         let s = st.stats_snapshot();
@@ -115,8 +128,16 @@ mod tests {
     #[test]
     fn pytorchs_policy_keeps_its_pools_apart() {
         let (_sim, mut st) = full_small_pool(crate::config::PYTORCH_POLICY);
-        assert_eq!(st.malloc(1000, false, &NoPeers).unwrap(), None);
-        let e = st.malloc(1000, true, &NoPeers).unwrap_err();
+        assert_eq!(
+            st.malloc(1000, Released::Nothing, &NoPeers)
+                .unwrap()
+                .served(),
+            None
+        );
+        let e = st
+            .malloc(1000, Released::Others, &NoPeers)
+            .unwrap()
+            .unwrap_oom();
         assert!(matches!(e, Error::OutOfMemory { .. }));
         check(&st);
     }

@@ -1,10 +1,10 @@
-"""Graph capture with a private pool through the pool hooks (torch_npu's NPUGraph, the
+"""Graph capture with a private pool through beginAllocateToPool (torch_npu's NPUGraph, the
 base of torchair's reduce-overhead mode), in the seed pattern: inside the capture a side
 stream waits on an event recorded in the capture, allocates, a tensor used on it is
 record_stream-ed and freed; then replay, and release of the pool (issue #13 item 6).
 
-Before the fix (no pool hooks set) the capture's allocations come from the ordinary
-pools and no segment belongs to the graph's pool."""
+Seen to fail with the shim's malloc ignoring the open beginAllocateToPool filters: the
+capture's allocations come from the ordinary pool (0, 0)."""
 import ctypes
 import json
 import os
@@ -77,7 +77,7 @@ check(si.counters().violations == 0, "stand-in saw misuse")
 si.lib.standin_capture_refusals.restype = ctypes.c_uint64
 check(si.lib.standin_capture_refusals() == 0, "calls refused during the capture: %d"
       % si.lib.standin_capture_refusals())
-# A capture that allocates nothing creates no pool in npualloc; its release is silent.
+# A capture that allocates nothing still holds a use of its pool; its release is silent.
 empty = torch.npu.NPUGraph()
 with torch.npu.graph(empty, stream=capture):
     pass

@@ -1,6 +1,6 @@
 """torch 2.14's DeviceStats::reserved_bytes_by_private_pools as torch_npu hands it to
 C++ (issue #13 item 5): c10_npu::NPUCachingAllocator::getDeviceStats, torch_npu's own
-entry point, which calls the pluggable allocator's get_device_stats hook. During and
+entry point, which calls npualloc's getDeviceStats (the shim's NPUAllocator). During and
 after a graph capture in which the capture stream and a side stream that joined it
 allocate from the graph's private pool, the map has the graph's pool id with the pool's
 reserved bytes (a 20 MiB large and a 2 MiB small segment); after the graph's reset and

@@ -16,6 +16,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* rt_error_codes.h: what the runtime answers a call a graph capture does not allow. */
+#define ACL_ERROR_RT_STREAM_CAPTURED 107027
+#define ACL_ERROR_RT_EVENT_CAPTURED 107028
+#define ACL_ERROR_RT_CAPTURE_MODE_NOT_SUPPORT 107030
+#define ACL_ERROR_RT_CAPTURE_MODE_BLOCK_ASYNC 107041
+
 /* acl_base_rt.h: the SoC torch_npu selects its code paths by (an Atlas A2 part). */
 EXPORT const char *aclrtGetSocName(void) { return "Ascend910B1"; }
 
@@ -26,9 +32,10 @@ EXPORT aclError aclrtCreateStreamWithConfig(aclrtStream *stream, uint32_t priori
   return aclrtCreateStream(stream);
 }
 
+EXPORT aclError standin_capture_check(const char *call, int what, void *handle);
+
 EXPORT aclError aclrtDestroyStream(aclrtStream stream) {
-  (void)stream;
-  return ACL_SUCCESS;
+  return standin_capture_check("aclrtDestroyStream", FAKE_CAPTURE_STREAM, stream);
 }
 
 EXPORT aclError aclrtDestroyStreamForce(aclrtStream stream) { return aclrtDestroyStream(stream); }
@@ -45,40 +52,101 @@ EXPORT aclError aclGetCompileopt(int opt, char *value, size_t length) {
   return ACL_SUCCESS;
 }
 
-/* Host memory and copies (device memory is host memory in the stand-in). */
+/* Host memory and copies (device memory is host memory in the stand-in). Page-locked
+ * host memory (aclrtMallocHost) is remembered: an asynchronous copy from or to any
+ * other host memory is one of the unsafe functions of a capture (see the capture
+ * rules below). */
+static aclError check_unsafe(const char *call, aclError code);
+#define ACL_MEMCPY_HOST_TO_HOST 0
+#define ACL_MEMCPY_HOST_TO_DEVICE 1
+#define ACL_MEMCPY_DEVICE_TO_HOST 2
+
+typedef struct pinned_rec {
+  char *ptr;
+  size_t size;
+  struct pinned_rec *next_pinned;
+} pinned_rec;
+static pinned_rec *pinned = NULL;
+static pthread_mutex_t pinned_mu = PTHREAD_MUTEX_INITIALIZER;
+
 EXPORT aclError aclrtMallocHost(void **p, size_t size) {
   *p = malloc(size ? size : 1);
-  return *p ? ACL_SUCCESS : ACL_ERROR_RT_MEMORY_ALLOCATION;
+  if (!*p) return ACL_ERROR_RT_MEMORY_ALLOCATION;
+  pinned_rec *r = malloc(sizeof *r);
+  r->ptr = *p;
+  r->size = size ? size : 1;
+  pthread_mutex_lock(&pinned_mu);
+  r->next_pinned = pinned;
+  pinned = r;
+  pthread_mutex_unlock(&pinned_mu);
+  return ACL_SUCCESS;
 }
 
 EXPORT aclError aclrtFreeHost(void *p) {
+  pthread_mutex_lock(&pinned_mu);
+  for (pinned_rec **r = &pinned; *r; r = &(*r)->next_pinned)
+    if ((*r)->ptr == p) {
+      pinned_rec *dead = *r;
+      *r = dead->next_pinned;
+      free(dead);
+      break;
+    }
+  pthread_mutex_unlock(&pinned_mu);
   free(p);
   return ACL_SUCCESS;
 }
 
-EXPORT aclError aclrtMemcpy(void *dst, size_t dest_max, const void *src, size_t count, int kind) {
-  (void)kind;
+static int is_pinned(const void *p, size_t count) {
+  const char *c = p;
+  int found = 0;
+  pthread_mutex_lock(&pinned_mu);
+  for (pinned_rec *r = pinned; r && !found; r = r->next_pinned)
+    found = c >= r->ptr && c + count <= r->ptr + r->size;
+  pthread_mutex_unlock(&pinned_mu);
+  return found;
+}
+
+static aclError copy(void *dst, size_t dest_max, const void *src, size_t count) {
   if (count > dest_max) return ACL_ERROR_RT_PARAM_INVALID;
   if (count) memmove(dst, src, count);
   return ACL_SUCCESS;
 }
 
+EXPORT aclError aclrtMemcpy(void *dst, size_t dest_max, const void *src, size_t count, int kind) {
+  (void)kind;
+  aclError rc = check_unsafe("aclrtMemcpy", ACL_ERROR_RT_CAPTURE_MODE_NOT_SUPPORT);
+  return rc ? rc : copy(dst, dest_max, src, count);
+}
+
 EXPORT aclError aclrtMemcpyAsync(void *dst, size_t dest_max, const void *src, size_t count, int kind,
                                  aclrtStream stream) {
   (void)stream;
-  return aclrtMemcpy(dst, dest_max, src, count, kind);
+  int pageable = ((kind == ACL_MEMCPY_HOST_TO_DEVICE || kind == ACL_MEMCPY_HOST_TO_HOST) &&
+                  !is_pinned(src, count)) ||
+                 ((kind == ACL_MEMCPY_DEVICE_TO_HOST || kind == ACL_MEMCPY_HOST_TO_HOST) &&
+                  !is_pinned(dst, count));
+  if (pageable && count) {
+    aclError rc = check_unsafe("aclrtMemcpyAsync (pageable host memory)", ACL_ERROR_RT_CAPTURE_MODE_BLOCK_ASYNC);
+    if (rc) return rc;
+  }
+  return copy(dst, dest_max, src, count);
 }
 
-EXPORT aclError aclrtMemset(void *dst, size_t max_count, int32_t value, size_t count) {
+static aclError fill(void *dst, size_t max_count, int32_t value, size_t count) {
   if (count > max_count) return ACL_ERROR_RT_PARAM_INVALID;
   if (count) memset(dst, value, count);
   return ACL_SUCCESS;
 }
 
+EXPORT aclError aclrtMemset(void *dst, size_t max_count, int32_t value, size_t count) {
+  aclError rc = check_unsafe("aclrtMemset", ACL_ERROR_RT_CAPTURE_MODE_NOT_SUPPORT);
+  return rc ? rc : fill(dst, max_count, value, count);
+}
+
 EXPORT aclError aclrtMemsetAsync(void *dst, size_t max_count, int32_t value, size_t count,
                                  aclrtStream stream) {
   (void)stream;
-  return aclrtMemset(dst, max_count, value, count);
+  return fill(dst, max_count, value, count);
 }
 
 /* Contexts: one per thread is enough; torch_npu saves and restores it. */
@@ -155,6 +223,9 @@ typedef struct standin_model {
   uint32_t id;
   int destroyed;
   int mode; /* aclmdlRICaptureMode it was begun with: 0 global, 1 thread-local, 2 relaxed */
+  pthread_t thread; /* the thread that began the capture */
+  aclrtStream origin; /* the stream it was begun on */
+  int streams;        /* streams captured into it: the origin and every stream that joined */
 } standin_model;
 
 #define MAX_CAPTURING 64
@@ -163,6 +234,24 @@ static struct { aclrtStream stream; standin_model *model; } capturing[MAX_CAPTUR
 static struct { aclrtEvent event; standin_model *model; } capture_events[MAX_CAPTURE_EVENTS];
 static uint32_t next_model_id = 1;
 static pthread_mutex_t capture_mu = PTHREAD_MUTEX_INITIALIZER;
+/* Test counters: captures ended, the most streams one capture held, device allocations
+ * made while a capture was open. */
+static uint64_t captures_ended, capture_allocations;
+static int max_capture_streams;
+/* Each stream's place in the first capture it was part of: 0 began it, k joined k-th. */
+#define MAX_ROLES 256
+static struct { aclrtStream stream; int role; } roles[MAX_ROLES];
+
+static void note_role(aclrtStream stream, int role) { /* capture_mu held */
+  for (int i = 0; i < MAX_ROLES; i++) {
+    if (roles[i].stream == stream) return;
+    if (!roles[i].stream) {
+      roles[i].stream = stream;
+      roles[i].role = role;
+      return;
+    }
+  }
+}
 
 /* The model `stream` captures into, or NULL; capture_mu held. */
 static standin_model *capture_of(aclrtStream stream) {
@@ -176,18 +265,22 @@ static aclError join_capture(aclrtStream stream, standin_model *m) {
     if (!capturing[i].model) {
       capturing[i].stream = stream;
       capturing[i].model = m;
+      note_role(stream, m->streams++);
       return ACL_SUCCESS;
     }
   return ACL_ERROR_RT_PARAM_INVALID;
 }
 
 EXPORT aclError aclmdlRICaptureBegin(aclrtStream stream, int mode) {
+  if (mode < 0 || mode > 2) return ACL_ERROR_RT_PARAM_INVALID;
   pthread_mutex_lock(&capture_mu);
-  aclError rc = ACL_ERROR_RT_PARAM_INVALID;
+  aclError rc = ACL_ERROR_RT_STREAM_CAPTURED;
   if (!capture_of(stream)) {
     standin_model *m = calloc(1, sizeof *m);
     m->id = next_model_id++;
     m->mode = mode;
+    m->thread = pthread_self();
+    m->origin = stream;
     rc = join_capture(stream, m);
   }
   pthread_mutex_unlock(&capture_mu);
@@ -209,50 +302,168 @@ EXPORT aclError aclmdlRIGetId(void *model, uint32_t *id) {
   return ACL_SUCCESS;
 }
 
+/* aclmdlRICaptureEnd: on the stream the capture began on (ACL_ERROR_RT_STREAM_NOT_CAPTURED
+ * for a stream not captured, ..._CAPTURE_UNMATCHED for a stream that only joined) and,
+ * unless the capture is relaxed, from the thread that began it (..._WRONG_THREAD). */
+#define ACL_ERROR_RT_STREAM_NOT_CAPTURED 107029
+#define ACL_ERROR_RT_STREAM_CAPTURE_UNMATCHED 107036
+#define ACL_ERROR_RT_STREAM_CAPTURE_WRONG_THREAD 107038
 EXPORT aclError aclmdlRICaptureEnd(aclrtStream stream, void **model) {
   pthread_mutex_lock(&capture_mu);
   standin_model *m = capture_of(stream);
-  if (m) {
+  aclError rc = ACL_SUCCESS;
+  if (!m)
+    rc = ACL_ERROR_RT_STREAM_NOT_CAPTURED;
+  else if (m->origin != stream)
+    rc = ACL_ERROR_RT_STREAM_CAPTURE_UNMATCHED;
+  else if (m->mode != 2 && !pthread_equal(m->thread, pthread_self()))
+    rc = ACL_ERROR_RT_STREAM_CAPTURE_WRONG_THREAD;
+  if (!rc) {
     for (int i = 0; i < MAX_CAPTURING; i++)
       if (capturing[i].model == m) capturing[i].model = NULL;
     for (int i = 0; i < MAX_CAPTURE_EVENTS; i++)
       if (capture_events[i].model == m) capture_events[i].model = NULL;
+    captures_ended++;
+    if (m->streams > max_capture_streams) max_capture_streams = m->streams;
+    *model = m;
   }
   pthread_mutex_unlock(&capture_mu);
-  if (!m) return ACL_ERROR_RT_PARAM_INVALID;
-  *model = m;
-  return ACL_SUCCESS;
+  return rc;
 }
 
-/* The capture modes' rule, as CUDA's (aclmdlRICaptureMode has the same three): while a
- * capture begun in global or thread-local mode is open, a thread whose own mode is not
- * relaxed may not allocate, free, query or synchronise (fake_acl.c asks here through
- * standin_capture_refuses); aclmdlRICaptureThreadExchangeMode sets the thread's mode.
- * Thread-local captures are treated like global ones (one capturing thread here). */
-static __thread int thread_capture_mode = 0;
+/* Captures ended, the most streams one of them held (the origin and those that joined
+ * by waiting on an event of the capture), device allocations made while a capture was
+ * open: what a scenario checks torchair's captures did. */
+EXPORT uint64_t standin_captures_ended(void) { return captures_ended; }
+EXPORT int standin_max_capture_streams(void) { return max_capture_streams; }
+EXPORT uint64_t standin_capture_allocations(void) { return capture_allocations; }
+
+/* `stream`'s place in the first capture it was part of (0: the capture began on it;
+ * k: it was the k-th to join), -1 if it never was. */
+EXPORT int standin_capture_role(aclrtStream stream) {
+  int role = -1;
+  pthread_mutex_lock(&capture_mu);
+  for (int i = 0; i < MAX_ROLES && roles[i].stream; i++)
+    if (roles[i].stream == stream) role = roles[i].role;
+  pthread_mutex_unlock(&capture_mu);
+  return role;
+}
+
+/* aclrtMalloc and aclrtMallocAlign32 (fake_acl.c's, renamed fake_base_* by
+ * gen_standin.py) counting the allocations made while a capture is open. */
+static void note_allocation(void) {
+  pthread_mutex_lock(&capture_mu);
+  for (int i = 0; i < MAX_CAPTURING; i++)
+    if (capturing[i].model) {
+      capture_allocations++;
+      break;
+    }
+  pthread_mutex_unlock(&capture_mu);
+}
+
+EXPORT aclError aclrtMalloc(void **p, size_t size, int policy) {
+  aclError rc = fake_base_aclrtMalloc(p, size, policy);
+  if (rc == ACL_SUCCESS) note_allocation();
+  return rc;
+}
+
+EXPORT aclError aclrtMallocAlign32(void **p, size_t size, int policy) {
+  aclError rc = fake_base_aclrtMallocAlign32(p, size, policy);
+  if (rc == ACL_SUCCESS) note_allocation();
+  return rc;
+}
+
+/* ---- what CANN refuses during a capture ---------------------------------------------
+ *
+ * From CANN's documentation (Runtime guide, "单流捕获" / single-stream capture, CANN 9.0:
+ * hiascend.com/document/detail/zh/canncommercial/900/programug/acldevg/runtime_doc_dev_0030.html;
+ * aclmdlRICaptureBegin and aclmdlRICaptureThreadExchangeMode, acl API reference) and the
+ * open-source CANN runtime that implements it (gitcode.com/cann/runtime, mirrored as
+ * github.com/hicann/runtime: src/runtime/api/impl/api_error.cc, api_impl.cc,
+ * src/runtime/feature/aclgraph/context_aclgraph.cc):
+ *
+ * 1. Querying or synchronising a stream that is being captured, an event recorded in an
+ *    open capture, or the device while one of its streams is captured is illegal in every
+ *    capture mode (ACL_ERROR_RT_STREAM_CAPTURED, ACL_ERROR_RT_EVENT_CAPTURED); so is
+ *    destroying a stream being captured.
+ * 2. The capture mode limits only the "unsafe" functions: the synchronous memory calls
+ *    aclrtMemset, aclrtMemcpy, aclrtMemcpy2d, and asynchronous copies that involve
+ *    pageable (not aclrtMallocHost) host memory, which the runtime turns into synchronous
+ *    ones. Context::IsCaptureModeSupport: a thread whose own mode
+ *    (aclmdlRICaptureThreadExchangeMode; GLOBAL by default) is RELAXED may call them; in
+ *    GLOBAL it may not while any GLOBAL capture is open, nor while it has begun a
+ *    THREAD_LOCAL one; in THREAD_LOCAL it may not while it has begun a GLOBAL or
+ *    THREAD_LOCAL capture (ACL_ERROR_RT_CAPTURE_MODE_NOT_SUPPORT).
+ * 3. aclrtMalloc and aclrtFree are not unsafe functions and are not checked: they do no
+ *    implicit device or stream synchronisation (their API reference), and the runtime's
+ *    DevMalloc/DevFree consult no capture state. An allocation during a capture is
+ *    allowed in every mode; keeping memory a captured task uses alive until the model is
+ *    destroyed is the caller's duty (rule 7 of the guide), not something the runtime
+ *    refuses. torch_npu's own caching allocator relies on this: it calls aclrtMalloc
+ *    inside torchair's global-mode captures. Virtual-memory mapping is not checked either.
+ *
+ * Every refusal is printed and counted (standin_capture_refusals). */
+#define CAPTURE_GLOBAL 0
+#define CAPTURE_THREAD_LOCAL 1
+#define CAPTURE_RELAXED 2
+
+static __thread int thread_exchange_mode = CAPTURE_GLOBAL;
 static uint64_t capture_refusals;
 
 EXPORT aclError aclmdlRICaptureThreadExchangeMode(int *mode) {
-  if (!mode || *mode < 0 || *mode > 2) return ACL_ERROR_RT_PARAM_INVALID;
-  int old = thread_capture_mode;
-  thread_capture_mode = *mode;
+  if (!mode || *mode < CAPTURE_GLOBAL || *mode > CAPTURE_RELAXED) return ACL_ERROR_RT_PARAM_INVALID;
+  int old = thread_exchange_mode;
+  thread_exchange_mode = *mode;
   *mode = old;
   return ACL_SUCCESS;
 }
 
-EXPORT int standin_capture_refuses(const char *call) {
-  if (thread_capture_mode == 2) return 0;
-  int refuse = 0;
-  pthread_mutex_lock(&capture_mu);
-  for (int i = 0; i < MAX_CAPTURING; i++)
-    if (capturing[i].model && capturing[i].model->mode != 2) refuse = 1;
-  if (refuse) capture_refusals++;
-  pthread_mutex_unlock(&capture_mu);
-  if (refuse) fprintf(stderr, "stand-in: %s refused during a graph capture\n", call);
-  return refuse;
+static aclError refused(const char *call, aclError code) {
+  capture_refusals++;
+  fprintf(stderr, "stand-in: %s refused during a graph capture (error %d)\n", call, code);
+  return code;
 }
 
-/* How many calls standin_capture_refuses refused (a scenario asserts none). */
+/* Rule 1, asked by fake_acl.c's queries and synchronisations (FAKE_CAPTURE_*). */
+EXPORT aclError standin_capture_check(const char *call, int what, void *handle) {
+  aclError rc = ACL_SUCCESS;
+  pthread_mutex_lock(&capture_mu);
+  if (what == FAKE_CAPTURE_STREAM && handle && capture_of(handle)) rc = ACL_ERROR_RT_STREAM_CAPTURED;
+  if (what == FAKE_CAPTURE_EVENT)
+    for (int i = 0; i < MAX_CAPTURE_EVENTS; i++)
+      if (capture_events[i].model && capture_events[i].event == handle) rc = ACL_ERROR_RT_EVENT_CAPTURED;
+  if (what == FAKE_CAPTURE_DEVICE)
+    for (int i = 0; i < MAX_CAPTURING; i++)
+      if (capturing[i].model) rc = ACL_ERROR_RT_STREAM_CAPTURED;
+  if (rc) refused(call, rc);
+  pthread_mutex_unlock(&capture_mu);
+  return rc;
+}
+
+/* Rule 2: whether the calling thread may call an unsafe function now. */
+static int unsafe_allowed(void) {
+  if (thread_exchange_mode == CAPTURE_RELAXED) return 1;
+  int context_mode = 3, thread_mode = 3; /* strictest open capture: anywhere, begun here */
+  pthread_t self = pthread_self();
+  for (int i = 0; i < MAX_CAPTURING; i++) {
+    standin_model *m = capturing[i].model;
+    if (!m) continue;
+    if (m->mode < context_mode) context_mode = m->mode;
+    if (pthread_equal(m->thread, self) && m->mode < thread_mode) thread_mode = m->mode;
+  }
+  if (thread_exchange_mode == CAPTURE_GLOBAL)
+    return !(context_mode == CAPTURE_GLOBAL || thread_mode == CAPTURE_THREAD_LOCAL);
+  return !(thread_mode == CAPTURE_GLOBAL || thread_mode == CAPTURE_THREAD_LOCAL);
+}
+
+static aclError check_unsafe(const char *call, aclError code) {
+  pthread_mutex_lock(&capture_mu);
+  aclError rc = unsafe_allowed() ? ACL_SUCCESS : refused(call, code);
+  pthread_mutex_unlock(&capture_mu);
+  return rc;
+}
+
+/* How many calls the capture rules refused (a scenario asserts none). */
 EXPORT uint64_t standin_capture_refusals(void) { return capture_refusals; }
 
 EXPORT aclError aclmdlRIExecuteAsync(void *model, aclrtStream stream) {
@@ -318,4 +529,178 @@ EXPORT aclError aclrtGetMemUsageInfo(int32_t device, void *info, size_t input_nu
   (void)input_num;
   *output_num = 0;
   return ACL_SUCCESS;
+}
+
+/* Synchronisation with a timeout (acl_rt.h; -1 waits without limit): as the plain calls,
+ * whose capture rules they share. */
+EXPORT aclError aclrtSynchronizeStreamWithTimeout(aclrtStream stream, int32_t timeout) {
+  if (timeout < -1 || timeout == 0) return ACL_ERROR_RT_PARAM_INVALID;
+  return aclrtSynchronizeStream(stream);
+}
+
+EXPORT aclError aclrtSynchronizeDeviceWithTimeout(int32_t timeout) {
+  if (timeout < -1 || timeout == 0) return ACL_ERROR_RT_PARAM_INVALID;
+  return aclrtSynchronizeDevice();
+}
+
+/* ---- core limits of devices, streams and threads (acl_rt.h aclrt*ResLimit) -----------
+ *
+ * aclrtDevResLimitType: 0 cube cores, 1 vector cores. A device starts with all its cores
+ * (an Ascend910B1: 24 AI cores, each one cube and two vector units); a stream's limit is
+ * its device's until set, and reset returns to it; a thread that uses a stream's
+ * resources (aclrtUseStreamResInCurrentThread) sees that stream's limits, otherwise its
+ * device's. torchair reads a stream's limits when it captures and sets them again
+ * before a replay whose limits differ; torch_npu resolves these functions by name from
+ * the whole process, so they live here, in the runtime library. */
+#define RES_TYPES 2
+#define MAX_LIMITED_STREAMS 256
+static const uint32_t device_cores[RES_TYPES] = {24, 48};
+static uint32_t device_limit[MAX_DEVICES][RES_TYPES];
+static int device_limit_set[MAX_DEVICES][RES_TYPES];
+static struct { aclrtStream stream; uint32_t limit[RES_TYPES]; int set[RES_TYPES]; } stream_limits[MAX_LIMITED_STREAMS];
+static __thread aclrtStream thread_res_stream;
+static __thread int thread_res_used;
+static pthread_mutex_t res_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int res_device(void) { return current_device < 0 ? 0 : current_device; }
+
+static uint32_t device_res(int device, int type) {
+  return device_limit_set[device][type] ? device_limit[device][type] : device_cores[type];
+}
+
+/* The limits of `stream`, added when `add`; res_mu held. */
+static int stream_slot(aclrtStream stream, int add) {
+  for (int i = 0; i < MAX_LIMITED_STREAMS; i++)
+    if (stream_limits[i].stream == stream) return i;
+  if (!add) return -1;
+  for (int i = 0; i < MAX_LIMITED_STREAMS; i++)
+    if (!stream_limits[i].stream) {
+      memset(&stream_limits[i], 0, sizeof stream_limits[i]);
+      stream_limits[i].stream = stream;
+      return i;
+    }
+  return -1;
+}
+
+static uint32_t stream_res(aclrtStream stream, int type) {
+  int i = stream_slot(stream, 0);
+  return i >= 0 && stream_limits[i].set[type] ? stream_limits[i].limit[type] : device_res(res_device(), type);
+}
+
+EXPORT aclError aclrtGetDeviceResLimit(int32_t device, int type, uint32_t *value) {
+  if (device < 0 || device >= MAX_DEVICES || type < 0 || type >= RES_TYPES || !value)
+    return ACL_ERROR_RT_PARAM_INVALID;
+  pthread_mutex_lock(&res_mu);
+  *value = device_res(device, type);
+  pthread_mutex_unlock(&res_mu);
+  return ACL_SUCCESS;
+}
+
+EXPORT aclError aclrtSetDeviceResLimit(int32_t device, int type, uint32_t value) {
+  if (device < 0 || device >= MAX_DEVICES || type < 0 || type >= RES_TYPES || value == 0 ||
+      value > device_cores[type])
+    return ACL_ERROR_RT_PARAM_INVALID;
+  pthread_mutex_lock(&res_mu);
+  device_limit[device][type] = value;
+  device_limit_set[device][type] = 1;
+  pthread_mutex_unlock(&res_mu);
+  return ACL_SUCCESS;
+}
+
+EXPORT aclError aclrtResetDeviceResLimit(int32_t device) {
+  if (device < 0 || device >= MAX_DEVICES) return ACL_ERROR_RT_PARAM_INVALID;
+  pthread_mutex_lock(&res_mu);
+  memset(device_limit_set[device], 0, sizeof device_limit_set[device]);
+  pthread_mutex_unlock(&res_mu);
+  return ACL_SUCCESS;
+}
+
+EXPORT aclError aclrtGetStreamResLimit(aclrtStream stream, int type, uint32_t *value) {
+  if (type < 0 || type >= RES_TYPES || !value) return ACL_ERROR_RT_PARAM_INVALID;
+  pthread_mutex_lock(&res_mu);
+  *value = stream_res(stream, type);
+  pthread_mutex_unlock(&res_mu);
+  return ACL_SUCCESS;
+}
+
+EXPORT aclError aclrtSetStreamResLimit(aclrtStream stream, int type, uint32_t value) {
+  if (type < 0 || type >= RES_TYPES || value == 0 || value > device_cores[type])
+    return ACL_ERROR_RT_PARAM_INVALID;
+  pthread_mutex_lock(&res_mu);
+  int i = stream_slot(stream, 1);
+  if (i >= 0) {
+    stream_limits[i].limit[type] = value;
+    stream_limits[i].set[type] = 1;
+  }
+  pthread_mutex_unlock(&res_mu);
+  return i >= 0 ? ACL_SUCCESS : ACL_ERROR_RT_PARAM_INVALID;
+}
+
+EXPORT aclError aclrtResetStreamResLimit(aclrtStream stream) {
+  pthread_mutex_lock(&res_mu);
+  int i = stream_slot(stream, 0);
+  if (i >= 0) stream_limits[i].stream = NULL;
+  pthread_mutex_unlock(&res_mu);
+  return ACL_SUCCESS;
+}
+
+EXPORT aclError aclrtUseStreamResInCurrentThread(aclrtStream stream) {
+  thread_res_stream = stream;
+  thread_res_used = 1;
+  return ACL_SUCCESS;
+}
+
+EXPORT aclError aclrtUnuseStreamResInCurrentThread(aclrtStream stream) {
+  (void)stream;
+  thread_res_used = 0;
+  return ACL_SUCCESS;
+}
+
+EXPORT aclError aclrtGetResInCurrentThread(int type, uint32_t *value) {
+  if (type < 0 || type >= RES_TYPES || !value) return ACL_ERROR_RT_PARAM_INVALID;
+  pthread_mutex_lock(&res_mu);
+  *value = thread_res_used ? stream_res(thread_res_stream, type) : device_res(res_device(), type);
+  pthread_mutex_unlock(&res_mu);
+  return ACL_SUCCESS;
+}
+
+/* ---- securec (CANN's libc_sec): the bounded string functions torchair calls -----------
+ *
+ * snprintf_s / vsnprintf_s write at most min(count, destMax - 1) characters and always
+ * terminate; they return the number written, or -1 when the output was cut or an
+ * argument is invalid. strcpy_s copies a terminated string that fits, else empties the
+ * destination and returns an error (EINVAL 22, ERANGE 34); 0 is EOK. */
+#include <stdarg.h>
+EXPORT int vsnprintf_s(char *dest, size_t dest_max, size_t count, const char *format, va_list args) {
+  if (!dest || dest_max == 0 || !format) return -1;
+  size_t room = count < dest_max - 1 ? count + 1 : dest_max;
+  int n = vsnprintf(dest, room, format, args);
+  if (n < 0) {
+    dest[0] = '\0';
+    return -1;
+  }
+  return (size_t)n < room ? n : -1;
+}
+
+EXPORT int snprintf_s(char *dest, size_t dest_max, size_t count, const char *format, ...) {
+  va_list args;
+  va_start(args, format);
+  int n = vsnprintf_s(dest, dest_max, count, format, args);
+  va_end(args);
+  return n;
+}
+
+EXPORT int strcpy_s(char *dest, size_t dest_max, const char *src) {
+  if (!dest || dest_max == 0) return 22;
+  if (!src) {
+    dest[0] = '\0';
+    return 22;
+  }
+  size_t n = strlen(src);
+  if (n >= dest_max) {
+    dest[0] = '\0';
+    return 34;
+  }
+  memcpy(dest, src, n + 1);
+  return 0;
 }

@@ -74,9 +74,9 @@ impl StatLog {
     /// Whether `Shared::stats_logging` is set (a log with no allocator never logs).
     #[inline(always)]
     pub fn flag(&self) -> bool {
-        self.shared
+        self.link
             .as_ref()
-            .is_some_and(|s| s.stats_logging.load(Ordering::Acquire))
+            .is_some_and(|l| l.stats_logging().load(Ordering::Acquire))
     }
 
     /// Whether the shard logs every change (until the next merge).
@@ -122,8 +122,8 @@ impl StatLog {
         if !passed {
             return false;
         }
-        if let Some(shared) = &self.shared {
-            shared.stats_logging.store(true, Ordering::SeqCst);
+        if let Some(link) = &self.link {
+            link.stats_logging().store(true, Ordering::SeqCst);
         }
         for_slots(&mut stats, |i, s| self.base[i] = s.current);
         for &w in &words {

@@ -1,4 +1,4 @@
-//! Exact device-wide statistics over several stream shards (issue #17 item 9).
+//! Exact device-wide statistics over several stream shards (decision 024).
 //!
 //! Each shard keeps its own `DeviceStats` (the per-stream statistics). A device-wide
 //! current value is the sum over shards, but a device-wide peak is the highest value
@@ -26,7 +26,7 @@
 //! most of them so: each shard's window peak counts the other's moments) are replayed,
 //! about 20 instructions per logged change (`Totals::apply_op`).
 //!
-//! Quiet mode (`totals/quiet.rs`, issue #17's scaling target): after a merge that can
+//! Quiet mode (`totals/quiet.rs`, decision 025): after a merge that can
 //! give every shard, per statistic, an allowance at least its current value with the
 //! allowances summing to at most the device-wide peak, the merge clears the flag and
 //! the shards run the unlogged code, as one stream does: no stamp, no log write, and
@@ -61,9 +61,8 @@
 //! until then.
 
 use std::cell::Cell;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-
-use super::shared::Shared;
 
 mod quiet;
 pub(crate) use quiet::allowances;
@@ -182,6 +181,17 @@ pub(crate) fn unpack(w: u64) -> (usize, usize, i64) {
     (own, agg, delta)
 }
 
+/// What a statistics log needs of its allocator, and nothing more: the flag every shard
+/// reads before a change (whether the shards log, `quiet.rs`), and a way to ask for a
+/// merge when the log is full (the allocator merges at its next malloc, with no shard
+/// lock held). The allocator's shared part (`Shared`) is the one implementation.
+pub(crate) trait LogLink: Send + Sync {
+    /// Whether the shards log their statistics changes (`Shared::stats_logging`).
+    fn stats_logging(&self) -> &AtomicBool;
+    /// A log is full: the next malloc merges (`Shared::ask_merge`).
+    fn ask_merge(&self);
+}
+
 /// A shard's log mode (`quiet.rs`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) enum Mode {
@@ -206,10 +216,9 @@ pub(crate) struct StatLog {
     op: u64,
     /// This shard's last stamp.
     last: u64,
-    /// The allocator's shared part: its flag `stats_logging` (`quiet.rs`), and told
-    /// when `words` reaches [`MERGE_AT`] (the allocator merges at its next malloc,
-    /// with no shard lock held, `Shared::ask_merge`).
-    shared: Option<Arc<Shared>>,
+    /// The allocator's flag `stats_logging` (`quiet.rs`), and told when `words`
+    /// reaches [`MERGE_AT`] ([`LogLink::ask_merge`]).
+    link: Option<Arc<dyn LogLink>>,
     /// Whether this log asked for a merge since its last swap.
     asked: bool,
     /// While logging, the shard's own peaks cover only the window since the last
@@ -224,10 +233,10 @@ pub(crate) struct StatLog {
 }
 
 impl StatLog {
-    /// A log (off) that reads the flag of, and asks for merges from, `shared`.
-    pub fn new(shared: Arc<Shared>) -> Self {
+    /// A log (off) that reads the flag of, and asks for merges from, `link`.
+    pub fn new(link: Arc<dyn LogLink>) -> Self {
         StatLog {
-            shared: Some(shared),
+            link: Some(link),
             ..StatLog::default()
         }
     }
@@ -307,8 +316,8 @@ impl StatLog {
     #[inline(never)]
     fn ask_merge(&mut self) {
         self.asked = true;
-        if let Some(shared) = &self.shared {
-            shared.ask_merge();
+        if let Some(link) = &self.link {
+            link.ask_merge();
         }
     }
 

@@ -1,6 +1,7 @@
 //! Unit tests of the statistics logs and their merges.
 
 use super::*;
+use crate::allocator::shared::Shared;
 use std::sync::atomic::Ordering;
 
 /// Logs `changes` to `pool` as the statistics updates do.
@@ -220,9 +221,9 @@ fn allowances_sum_to_at_most_the_peak() {
 
 /// A shard's accounting on an allocator of its own, quiet at a merge with `room`
 /// (allowance less current) in every slot but the oversize counters'.
-fn quiet_accounting(room: i64) -> (crate::allocator::shard::Accounting, Arc<Shared>) {
+fn quiet_accounting(room: i64) -> (crate::allocator::accounting::Accounting, Arc<Shared>) {
     let (_sim, shared) = crate::allocator::shard::testing::device(1 << 30, "");
-    let mut acct = crate::allocator::shard::Accounting {
+    let mut acct = crate::allocator::accounting::Accounting {
         log: StatLog::new(shared.clone()),
         ..Default::default()
     };
