@@ -13,7 +13,7 @@ pub mod orders;
 pub mod svg;
 pub mod tune;
 
-pub use capacity::{min_capacity, MinCapacity};
+pub use capacity::{min_capacity, min_capacity_at_most, MinCapacity};
 
 use std::sync::Arc;
 use std::time::Instant;

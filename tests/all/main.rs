@@ -34,6 +34,8 @@ mod pressure;
 mod pressure_zoo;
 mod props;
 #[cfg(feature = "cli")]
+mod pytorch_fit;
+#[cfg(feature = "cli")]
 mod replay;
 mod soak;
 mod stress;
