@@ -159,6 +159,7 @@ const CHURN_BIGGER: [u64; 55] = [
     32, 33, 34, 35, 36, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56,
     58, 59, 60, 61, 63, 64,
 ];
+
 fn load(name: &str) -> trace::Trace {
     let zoo = traces_dir().join("zoo").join(format!("{name}.trace"));
     let path = if zoo.exists() {
