@@ -191,7 +191,7 @@ fn defaults_need_more(t: &trace::Trace, what: &str, pytorch_mib: u64) -> bool {
 }
 
 /// The marked cases that disagree with what the replays say, for the failure message.
-fn mismatches<'a>(results: impl Iterator<Item = (String, bool, bool)>) -> Vec<String> {
+fn mismatches(results: impl Iterator<Item = (String, bool, bool)>) -> Vec<String> {
     results
         .filter(|(_, marked, more)| marked != more)
         .map(|(what, _, more)| {
