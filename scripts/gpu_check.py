@@ -15,6 +15,14 @@ PyTorch's allocator; npualloc-nowait is npualloc without device-side waits), and
 compile-<mode> (torch.compile(mode="reduce-overhead") of a small transformer, CUDA graph
 trees: inference at two sequence lengths and training steps; outputs compared with
 PyTorch's allocator's, torch.cuda.memory_stats() / memory_snapshot() with npualloc).
+  python scripts/gpu_check.py --traces [TRACE ...] -> replays allocation traces
+(default: the shipped single-stream ones, traces/*.trace and traces/zoo/*.trace) on the
+GPU, one fresh process per trace and allocator (trace-native, trace-npualloc,
+trace-npualloc-expandable: torch.empty per allocation, dropped per free), and prints
+each peak reserved beside `npualloc replay`'s prediction for the same policy
+(`--conf pytorch` with its spread over address orders, the defaults, expandable
+segments); the prediction needs the npualloc binary (NPUALLOC_BIN, default
+target/release/npualloc, built where Rust is and carried here).
 """
 
 import argparse
@@ -352,6 +360,10 @@ def stats_of(torch, lib):
     return {k: s.get(k) for k in keys}
 
 
+# The trace of a trace-* mode (its --trace).
+TRACE_PATH = None
+
+
 def one(mode):
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     lib = install(mode[len("compile-"):] if mode.startswith("compile-") else mode)
@@ -361,6 +373,8 @@ def one(mode):
         return print(json.dumps(oom_check(torch, mode, lib)))
     if mode.startswith("pressure-"):
         return print(json.dumps(pressure_check(torch, mode, lib)))
+    if mode.startswith("trace-"):
+        return print(json.dumps(trace_check(torch, mode, lib, TRACE_PATH)))
     if mode.startswith("compile-"):
         return print(json.dumps(compile_check(torch, mode, lib)))
     out = {"mode": mode, "device": torch.cuda.get_device_name(), "torch": torch.__version__}
@@ -381,6 +395,110 @@ def one(mode):
     free, total = torch.cuda.mem_get_info()
     out["used_after_empty_cache"] = total - free
     print(json.dumps(out))
+
+
+def read_trace(path):
+    """The (op, id, bytes) of a single-stream trace's allocations and frees."""
+    ops = []
+    with open(path) as f:
+        for line in f:
+            w = line.split()
+            if not w or w[0].startswith("#"):
+                continue
+            if w[0] == "a":
+                if w[3] != "0":
+                    raise ValueError("%s: single-stream traces only (stream %s)" % (path, w[3]))
+                ops.append(("a", int(w[1]), int(w[2])))
+            elif w[0] == "f":
+                ops.append(("f", int(w[1]), 0))
+            else:
+                raise ValueError("%s: single-stream traces only (a '%s' line)" % (path, w[0]))
+    return ops
+
+
+def trace_check(torch, mode, lib, path):
+    """Replays trace `path` through the allocator of this process: a torch.empty of the
+    trace's bytes per allocation (none for 0 bytes, as the replay skips them), the
+    tensor dropped at its free; then the allocator's peak reserved and device calls."""
+    live = {}
+    torch.cuda.synchronize()
+    for op, ident, size in read_trace(path):
+        if op == "a":
+            if size > 0:
+                live[ident] = torch.empty(size, dtype=torch.uint8, device="cuda")
+        else:
+            live.pop(ident, None)
+    live.clear()
+    torch.cuda.synchronize()
+    if lib is None:
+        s = torch.cuda.memory_stats()
+    else:
+        import npualloc
+        s = npualloc.memory_stats(0, lib)
+    return {"mode": mode, "trace": path, "peak_reserved": s.get("reserved_bytes.all.peak"),
+            "device_mallocs": s.get("num_device_alloc"), "device": torch.cuda.get_device_name()}
+
+
+TRACE_MODES = ["trace-native", "trace-npualloc", "trace-npualloc-expandable"]
+# The `npualloc replay` setting that predicts each trace mode.
+TRACE_CONF = {"trace-native": "pytorch", "trace-npualloc": "",
+              "trace-npualloc-expandable": "expandable_segments:True"}
+
+
+def predictions(paths):
+    """`npualloc replay --json` of every trace under the three settings of TRACE_CONF:
+    {(trace, mode): report}; empty when the binary is not here."""
+    binary = os.environ.get("NPUALLOC_BIN", os.path.join(HERE, "..", "target", "release",
+                                                         "npualloc"))
+    if not os.path.exists(binary):
+        print("no npualloc binary at %s: GPU figures without predictions" % binary)
+        return {}
+    cmd = [binary, "replay", "-q", "--json", *paths]
+    for m in TRACE_MODES:
+        cmd += ["--conf", TRACE_CONF[m]]
+    runs = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    return {(paths[i // len(TRACE_MODES)], TRACE_MODES[i % len(TRACE_MODES)]): r
+            for i, r in enumerate(runs)}
+
+
+def traces_main(paths):
+    """Every trace through each allocator on the GPU beside the replay's prediction;
+    true when npualloc's defaults on the GPU equal their prediction to the byte."""
+    if not paths:
+        import glob
+        root = os.path.join(HERE, "..", "traces")
+        paths = sorted(glob.glob(os.path.join(root, "*.trace"))) + \
+            sorted(glob.glob(os.path.join(root, "zoo", "*.trace")))
+    predicted = predictions(paths)
+    mib = lambda b: "-" if b is None else "%.0f" % (b / 2**20)
+    print("peak reserved MiB, GPU vs `npualloc replay` (PyTorch's policy: its spread over "
+          "address orders in brackets)")
+    print("%-26s %-26s %-26s %-26s" % ("trace", "PyTorch's allocator", "npualloc",
+                                       "npualloc expandable"))
+    equal = []
+    for path in paths:
+        cells = []
+        for m in TRACE_MODES:
+            p = subprocess.run([sys.executable, __file__, "--mode", m, "--trace", path],
+                               capture_output=True, text=True, timeout=600)
+            lines = p.stdout.strip().splitlines()
+            gpu = json.loads(lines[-1])["peak_reserved"] if p.returncode == 0 and lines else None
+            r = predicted.get((path, m))
+            pred = None if r is None else r["peak_reserved"]
+            cell = "%s vs %s" % (mib(gpu), mib(pred))
+            if r is not None and "address_orders" in r:
+                lo, hi = r["address_orders"]["peak_reserved"]
+                cell += " [%s-%s]" % (mib(lo), mib(hi))
+            if p.returncode != 0:
+                cell = "failed (%d)" % p.returncode
+            if m == "trace-npualloc":
+                equal.append(gpu is not None and gpu == pred)
+            cells.append(cell)
+        name = os.path.basename(path).removesuffix(".trace")
+        print("%-26s " % name + " ".join("%-26s" % c for c in cells))
+    print("npualloc's defaults equal to their prediction to the byte: %d of %d"
+          % (sum(equal), len(equal)))
+    return bool(equal) and all(equal)
 
 
 def compile_check(torch, mode, lib):
@@ -561,11 +679,21 @@ def pressure_summary(runs):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--mode", choices=MODES + CONTROLS + PRESSURE + DIAGNOSIS + COMPILE)
+    p.add_argument("--mode", choices=MODES + CONTROLS + PRESSURE + DIAGNOSIS + COMPILE
+                   + TRACE_MODES)
     p.add_argument("--json", help="also write every result to this file")
+    p.add_argument("--trace", help="the trace of a trace-* mode")
+    p.add_argument("--traces", nargs="*", help="replay these traces (default: the shipped "
+                   "ones) on the GPU beside npualloc replay's predictions, and stop")
     args = p.parse_args()
     if args.mode:
+        global TRACE_PATH
+        TRACE_PATH = args.trace
         return one(args.mode)
+    if args.traces is not None:
+        ok = traces_main(args.traces)
+        print("gpu-check traces:", "PASS" if ok else "FAIL")
+        sys.exit(0 if ok else 1)
     results = [run_mode(m) for m in MODES + MODES + CONTROLS + PRESSURE + COMPILE]
     if args.json:
         with open(args.json, "w") as f:

@@ -17,7 +17,9 @@
 //! head split with expandable segments, off by default; the preset sets torch_npu's
 //! 16), and `expandable_best_fit` (PyTorch's best fit with expandable segments, which
 //! npualloc's default leaves out: on in both presets), `adaptive_pages` (expandable
-//! large-pool pages scaled to the workload, off by default and in both presets), and
+//! large-pool pages scaled to the workload, off by default and in both presets),
+//! `address_ties` (best fit's ties by address, as PyTorch's: on in both presets; off
+//! by default, ties by segment age and offset, the same on every device), and
 //! `exact_stats` (exact device-wide peaks with several streams, on by default).
 //! `Config::parse_torch_npu` reads `PYTORCH_NPU_ALLOC_CONF` as torch_npu 2.14
 //! does: every key torch_npu accepts is accepted (equivalents honoured, the rest listed
@@ -28,7 +30,7 @@ use crate::error::Error;
 pub mod suggest;
 
 /// Every key [`Config::parse`] reads, for "did you mean" in its errors.
-pub const KEYS: [&str; 27] = [
+pub const KEYS: [&str; 28] = [
     "max_split_size_mb",
     "max_non_split_rounding_mb",
     "garbage_collection_threshold",
@@ -54,6 +56,7 @@ pub const KEYS: [&str; 27] = [
     "small_spill",
     "expandable_best_fit",
     "adaptive_pages",
+    "address_ties",
     "base_addr_aligned_kb",
     "reserve_budget_mb",
 ];
@@ -72,7 +75,8 @@ pub const MAX_ROUNDUP_DIVISIONS: usize = 1 << 27;
 /// traces match PyTorch's figures).
 pub const PYTORCH_POLICY: &str =
     "reclaim_before_growth:False,adaptive_segments:False,hot_cache:False,lend_segments:False,\
-     lend_blocks:False,wait_before_growth:False,expandable_best_fit:True,adaptive_pages:False";
+     lend_blocks:False,wait_before_growth:False,expandable_best_fit:True,adaptive_pages:False,\
+     address_ties:True";
 
 /// Bytes torch_npu 2.14 adds to every request before rounding on the SoCs and CANN
 /// versions users run today (`AddPadSize()`: 0 only from Ascend950 with CANN 9.1).
@@ -84,11 +88,11 @@ pub const TORCH_NPU_PADDING: usize = 32;
 /// with `expandable_segments:True` torch_npu's head split (`base_addr_aligned_kb:16`,
 /// its default: a block of 2 MiB or more starts 16 KiB-aligned).
 /// Best fit breaking ties between equal-size blocks by address, torch_npu's third
-/// detail, is what every setting does (`pool::free_list`).
+/// detail, is PyTorch's too (`address_ties:True`).
 pub const TORCH_NPU_POLICY: &str =
     "reclaim_before_growth:False,adaptive_segments:False,hot_cache:False,lend_segments:False,\
      lend_blocks:False,wait_before_growth:False,expandable_best_fit:True,adaptive_pages:False,\
-     request_padding:32,base_addr_aligned_kb:16";
+     address_ties:True,request_padding:32,base_addr_aligned_kb:16";
 
 /// Smallest rounded request that torch_npu's head split aligns (its `kRoundLarge`).
 pub const HEAD_ALIGN_MIN: usize = 2 * MIB;
@@ -171,6 +175,12 @@ pub struct Config {
     /// (torch_npu's `base_addr_aligned_kb`, 16 KiB in torch_npu, at most 16); 0 (the
     /// default): blocks start where the free block does, as PyTorch's.
     pub base_addr_align: usize,
+    /// Best fit breaks ties between free blocks of equal size by address, the lowest
+    /// first: PyTorch's and torch_npu's rule, on in [`PYTORCH_POLICY`] and
+    /// [`TORCH_NPU_POLICY`] (`address_ties:True`), so placement follows the device's
+    /// address order. Off by default: the block of the oldest segment first, then the
+    /// lowest offset in it, the same on every device (Note [Places], `pool/block.rs`).
+    pub address_ties: bool,
     /// A soft ceiling on reserved bytes (`reserve_budget_mb`): growth past it first tries
     /// a device-side wait for a pending free (with `pressure_wait`), then grows
     /// anyway. `None` (the default): no budget.
@@ -201,6 +211,7 @@ impl Default for Config {
             lend_blocks: true,
             request_padding: 0,
             base_addr_align: 0,
+            address_ties: false,
             expandable_best_fit: false,
             adaptive_pages: false,
             keep_whole: true,
@@ -370,6 +381,9 @@ impl Config {
                 }
                 "adaptive_pages" => {
                     cfg.adaptive_pages = parse_bool(key, value)?;
+                }
+                "address_ties" => {
+                    cfg.address_ties = parse_bool(key, value)?;
                 }
                 "base_addr_aligned_kb" => {
                     cfg.base_addr_align = parse_align_kb(key, value)?;

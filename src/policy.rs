@@ -87,6 +87,10 @@ pub struct Policy {
     /// With expandable segments, best fit counts a growable block as what it can grow
     /// to (PyTorch's and torch_npu's rule).
     pub expandable_best_fit: bool,
+    /// Best fit breaks ties between free blocks of equal size by address, the lowest
+    /// first (PyTorch's and torch_npu's rule); off, by segment age, then offset: the
+    /// same on every device (Note [Places], `pool/block.rs`).
+    pub address_ties: bool,
     /// Bytes added to every request before rounding (torch_npu's 32).
     pub request_padding: usize,
     /// With expandable segments, a large request starts at a multiple of this many
@@ -113,6 +117,7 @@ impl Policy {
             expandable_segments: false,
             adaptive_pages: false,
             expandable_best_fit: false,
+            address_ties: false,
             request_padding: 0,
             base_addr_align: 0,
         }
@@ -137,6 +142,7 @@ impl Policy {
             expandable_segments: false,
             adaptive_pages: false,
             expandable_best_fit: true,
+            address_ties: true,
             request_padding: 0,
             base_addr_align: 0,
         }
@@ -172,6 +178,7 @@ impl Policy {
             expandable_segments: c.expandable_segments,
             adaptive_pages: c.adaptive_pages,
             expandable_best_fit: c.expandable_best_fit,
+            address_ties: c.address_ties,
             request_padding: c.request_padding,
             base_addr_align: c.base_addr_align,
         }

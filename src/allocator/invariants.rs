@@ -144,6 +144,11 @@ pub(super) fn check(st: &ShardState) -> Result<(), String> {
                     "block {id}: stream or pool differs from its segment"
                 ));
             }
+            if b.shift != hb.shift {
+                return Err(format!(
+                    "block {id}: place range differs from its segment's"
+                ));
+            }
             if b.size == 0 || b.size % 512 != 0 {
                 return Err(format!(
                     "block {id}: size {} is not a positive multiple of 512",
@@ -180,8 +185,8 @@ pub(super) fn check(st: &ShardState) -> Result<(), String> {
                     return Err(format!("free neighbours {p} and {id} were not merged"));
                 }
                 let pools = st.pools.get(&b.pool);
-                let in_list =
-                    pools.is_some_and(|p| p.get(b.kind).iter().any(|e| e == (b.size, b.ptr, id)));
+                let in_list = pools
+                    .is_some_and(|p| p.get(b.kind).iter().any(|e| e == (b.size, b.place(), id)));
                 let in_hot =
                     pools.map_or(0, |p| p.hot.iter().filter(|h| **h == (b.size, id)).count());
                 match (hot, in_list, in_hot) {
@@ -233,14 +238,14 @@ pub(super) fn check(st: &ShardState) -> Result<(), String> {
     let mut listed = 0;
     for (tag, pools) in st.pools.iter() {
         for kind in [PoolKind::Small, PoolKind::Large] {
-            for (size, ptr, id) in pools.get(kind).iter() {
+            for (size, place, id) in pools.get(kind).iter() {
                 let b = st
                     .blocks
                     .get(id)
                     .ok_or(format!("free list names missing block {id}"))?;
                 if !b.is_free()
                     || b.size != size
-                    || b.ptr != ptr
+                    || b.place() != place
                     || b.pool != *tag
                     || b.kind != kind
                 {

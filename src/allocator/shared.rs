@@ -12,7 +12,7 @@ use parking_lot::Mutex;
 use std::sync::Arc;
 
 use crate::config::Config;
-use crate::device::{Device, DeviceIndex};
+use crate::device::{Device, DeviceIndex, DevicePtr};
 use crate::policy::{Policy, Regime};
 use crate::profiling::Mstx;
 use crate::stats::PrivatePoolReserved;
@@ -94,6 +94,8 @@ pub(crate) struct Shared {
     /// The device's total memory (`Device::mem_info`), asked once on first use; 0 until
     /// then, `usize::MAX` if the device could not say ([`Shared::device_total`]).
     device_total: AtomicUsize,
+    /// Start of the next segment's place range (Note [Places], `pool/block.rs`).
+    next_place: AtomicUsize,
 }
 
 impl Shared {
@@ -125,7 +127,20 @@ impl Shared {
             private_reserved: Mutex::new(PrivatePoolReserved::default()),
             memory_short: AtomicBool::new(false),
             device_total: AtomicUsize::new(0),
+            next_place: AtomicUsize::new(0),
         }
+    }
+
+    /// The `shift` of the blocks of a new segment (or address reservation) of `size`
+    /// bytes at `base` (Note [Places], `pool/block.rs`): 0 with `address_ties` (places
+    /// are addresses), else one that gives it the next `size` places, after those of
+    /// every segment made before it on this device.
+    pub fn place_shift(&self, base: DevicePtr, size: usize) -> usize {
+        if self.policy.address_ties {
+            return 0;
+        }
+        let start = self.next_place.fetch_add(size, Ordering::Relaxed);
+        start.wrapping_sub(base)
     }
 
     /// The device's total memory, asked of the device once (`usize::MAX` if it cannot

@@ -76,8 +76,10 @@ fn pytorch_policy_turns_off_every_addition() {
     let d = Config::default();
     assert!(d.reclaim_before_growth && d.adaptive_segments && d.hot_cache && d.lend_segments);
     assert!(d.lend_blocks);
-    // PyTorch's best fit with expandable segments, which npualloc's default lacks.
+    // PyTorch's best fit with expandable segments, which npualloc's default lacks,
+    // and its ties by address.
     assert!(c.expandable_best_fit && !d.expandable_best_fit);
+    assert!(c.address_ties && !d.address_ties);
     // Everything else PyTorch itself has keeps its default.
     assert_eq!(
         Config {
@@ -92,6 +94,7 @@ fn pytorch_policy_turns_off_every_addition() {
             look_again: true,
             small_spill: true,
             expandable_best_fit: false,
+            address_ties: false,
             ..c
         },
         d

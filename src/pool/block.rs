@@ -17,7 +17,19 @@
 //!   `stream_uses[0]`;
 //! - `dirty` (streams it was lent to may still have work on it queued: the marks are in
 //!   the shard's `crate::stream::DirtyMarks`) is set exactly when the block has marks,
-//!   only while awaiting events or free, and keeps a block out of the hot cache.
+//!   only while awaiting events or free, and keeps a block out of the hot cache;
+//! - the blocks of a segment share its `shift`, so their places ([`Block::place`]) are
+//!   in address order and tile the segment's place range as their addresses tile it.
+//!
+//! Note [Places]: where best fit breaks a tie between free blocks of equal size (and
+//! which whole segment lending gives, which oversize block goes back first), a block
+//! sorts by its *place*, its address plus its segment's `shift`. With `shift` 0 the place
+//! is the address, PyTorch's rule (the lowest address wins), and placement then depends
+//! on where the device puts each segment. npualloc's own policy gives each segment a
+//! place range of its own instead, handed out in the order the allocator created the
+//! segments (`Shared::place_shift`): the oldest segment wins, then the lowest offset in
+//! it, on any device, so a replay on the simulated device places every block as the
+//! real device would (decision 044).
 
 use smallvec::SmallVec;
 
@@ -109,6 +121,9 @@ pub struct Block {
     /// Free or awaiting events, but streams it was lent to may still have work on it queued; whoever
     /// takes it first waits on the device for them (see `crate::stream::fences`).
     pub dirty: bool,
+    /// Added (wrapping) to the address to give the block's place (Note [Places]); the
+    /// same for every block of a segment.
+    pub shift: usize,
 }
 
 impl Block {
@@ -130,17 +145,25 @@ impl Block {
             pool: None,
             vm: None,
             dirty: false,
+            shift: 0,
         }
     }
 
     /// A new, unlinked block of the same segment as this one (same stream, pool kind,
-    /// pool and mapping) covering `[ptr, ptr + size)`.
+    /// pool, mapping and place range) covering `[ptr, ptr + size)`.
     pub fn sibling(&self, ptr: DevicePtr, size: usize) -> Block {
         Block {
             pool: self.pool,
             vm: self.vm,
+            shift: self.shift,
             ..Block::segment(ptr, size, self.stream, self.kind)
         }
+    }
+
+    /// Where the block sorts among free blocks of its size (Note [Places]).
+    #[inline(always)]
+    pub fn place(&self) -> usize {
+        self.ptr.wrapping_add(self.shift)
     }
 
     /// The stream of the caller it is lent to, while lent.

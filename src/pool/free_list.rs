@@ -5,10 +5,12 @@
 //! or above a size in constant time. Best fit is exact up to a scan limit: within the
 //! request's own bin the smallest block that fits wins, and in a higher bin the
 //! smallest of its blocks (scanning at most [`SCAN_LIMIT`] entries); among blocks of
-//! equal size the lowest address wins, as in PyTorch.
+//! equal size the lowest place wins (`Block::place`, Note [Places] in `block.rs`): the
+//! lowest address, as in PyTorch, or, with npualloc's own ties, the oldest segment's
+//! block, then the lowest offset in it.
 //!
-//! Invariants: an entry `(size, ptr, id)` is present exactly when block `id` is free,
-//! belongs to this stream and pool, and has that size and address; the block's
+//! Invariants: an entry `(size, place, id)` is present exactly when block `id` is free,
+//! belongs to this stream and pool, and has that size and place; the block's
 //! `bin_pos` is the entry's index in its bin; a bitmap bit is set exactly when its bin
 //! is non-empty; `full_bins` counts the bins of at least [`SCAN_LIMIT`] entries.
 
@@ -17,8 +19,6 @@ use std::num::NonZeroU32;
 use slab::Slab;
 
 use super::block::{Block, BlockId};
-
-use crate::handle::DevicePtr;
 
 const SL_LOG2: u32 = 6;
 const SL: usize = 1 << SL_LOG2;
@@ -30,7 +30,7 @@ pub const SCAN_LIMIT: usize = 64;
 #[derive(Clone, Copy, Debug)]
 struct Entry {
     size: usize,
-    ptr: DevicePtr,
+    place: usize,
     id: u32,
 }
 
@@ -72,7 +72,7 @@ fn mapping(size: usize) -> (usize, usize) {
 }
 
 impl FreeList {
-    /// Adds free block `id` (its size and address as they are now).
+    /// Adds free block `id` (its size and place as they are now).
     pub fn insert(&mut self, blocks: &mut Slab<Block>, id: BlockId) {
         let b = &mut blocks[id];
         let (fl, sl) = mapping(b.size);
@@ -80,7 +80,7 @@ impl FreeList {
         b.bin_pos = bin.len() as u32;
         bin.push(Entry {
             size: b.size,
-            ptr: b.ptr,
+            place: b.place(),
             id: id as u32,
         });
         if bin.len() == SCAN_LIMIT {
@@ -91,7 +91,7 @@ impl FreeList {
         self.len += 1;
     }
 
-    /// Removes block `id` (before its size or address change); returns whether it was present.
+    /// Removes block `id` (before its size or place change); returns whether it was present.
     pub fn remove(&mut self, blocks: &mut Slab<Block>, id: BlockId) -> bool {
         let b = &blocks[id];
         let (fl, sl) = mapping(b.size);
@@ -125,7 +125,7 @@ impl FreeList {
         for e in bin.iter().take(SCAN_LIMIT) {
             if e.size >= size
                 && e.id != skip
-                && best.is_none_or(|b| (e.size, e.ptr) < (b.size, b.ptr))
+                && best.is_none_or(|b| (e.size, e.place) < (b.size, b.place))
             {
                 best = Some(e);
             }
@@ -157,8 +157,9 @@ impl FreeList {
         Some(f * SL + self.sl_bitmap[f].trailing_zeros() as usize)
     }
 
-    /// The smallest cached block of at least `size` bytes.
-    pub fn best_fit(&self, size: usize) -> Option<(usize, DevicePtr, BlockId)> {
+    /// The smallest cached block of at least `size` bytes, the lowest place among equals:
+    /// (size, place, block).
+    pub fn best_fit(&self, size: usize) -> Option<(usize, usize, BlockId)> {
         if self.len == 0 {
             return None;
         }
@@ -166,18 +167,18 @@ impl FreeList {
         let mut bin = fl * SL + sl;
         loop {
             if let Some(e) = Self::smallest_fit(&self.bins[bin], size, u32::MAX) {
-                return Some((e.size, e.ptr, e.id as usize));
+                return Some((e.size, e.place, e.id as usize));
             }
             bin = self.next_bin(bin)?;
         }
     }
 
-    /// Whether best fit for `size` would return a block of `cand` = (size, address)
+    /// Whether best fit for `size` would return a block of `cand` = (size, place)
     /// were it inserted and block `skip`'s entry removed (`cand` fits `size`): no entry
     /// of a lower bin fits, and none of its own bin is smaller, or as small at a lower
-    /// address. Exact when every bin is scanned whole (removing an entry then reorders a
+    /// place. Exact when every bin is scanned whole (removing an entry then reorders a
     /// bin without changing what best fit sees).
-    pub fn would_pick(&self, size: usize, cand: (usize, DevicePtr), skip: Option<BlockId>) -> bool {
+    pub fn would_pick(&self, size: usize, cand: (usize, usize), skip: Option<BlockId>) -> bool {
         let skip = skip.map_or(u32::MAX, |id| id as u32);
         let (fl, sl) = mapping(cand.0);
         let own = fl * SL + sl;
@@ -191,14 +192,14 @@ impl FreeList {
             // The usual case (the candidate is of the request's bin): later bins are
             // above `own`, so only this bin can hold a better fit.
             return Self::smallest_fit(&self.bins[bin], size, skip)
-                .is_none_or(|e| cand < (e.size, e.ptr));
+                .is_none_or(|e| cand < (e.size, e.place));
         }
         loop {
             if bin > own {
                 return true;
             }
             if let Some(e) = Self::smallest_fit(&self.bins[bin], size, skip) {
-                return bin == own && cand < (e.size, e.ptr);
+                return bin == own && cand < (e.size, e.place);
             }
             match self.next_bin(bin) {
                 Some(b) => bin = b,
@@ -214,8 +215,8 @@ impl FreeList {
         self.full_bins == 0
     }
 
-    /// Block `new` (not in this list, its size and address as they are now) takes the
-    /// place of block `old` (in this list, its size and address as they were
+    /// Block `new` (not in this list, its size and place as they are now) takes the
+    /// entry of block `old` (in this list, its size and place as they were
     /// inserted): the same as `remove(old)` then `insert(new)`, done in place when
     /// `old`'s entry is last in its bin and `new` belongs in the same bin.
     pub fn replace(&mut self, blocks: &mut Slab<Block>, old: BlockId, new: BlockId) {
@@ -228,7 +229,7 @@ impl FreeList {
             let n = &mut blocks[new];
             bin[pos] = Entry {
                 size: n.size,
-                ptr: n.ptr,
+                place: n.place(),
                 id: new as u32,
             };
             n.bin_pos = pos as u32;
@@ -239,8 +240,9 @@ impl FreeList {
         self.insert(blocks, new);
     }
 
-    /// Every entry, in no particular order.
-    pub fn iter(&self) -> impl Iterator<Item = (usize, DevicePtr, BlockId)> + '_ {
+    /// Every entry (size, place, block), in no particular order (bins by size, each in
+    /// the order of its insertions and removals: never by address).
+    pub fn iter(&self) -> impl Iterator<Item = (usize, usize, BlockId)> + '_ {
         let mut fls = self.fl_bitmap;
         std::iter::from_fn(move || {
             if fls == 0 {
@@ -264,12 +266,12 @@ impl FreeList {
         .flat_map(move |bin| {
             self.bins[bin]
                 .iter()
-                .map(|e| (e.size, e.ptr, e.id as usize))
+                .map(|e| (e.size, e.place, e.id as usize))
         })
     }
 
-    /// Entries from largest to smallest.
-    pub fn iter_desc(&self) -> Vec<(usize, DevicePtr, BlockId)> {
+    /// Entries from largest to smallest (among equals, the highest place first).
+    pub fn iter_desc(&self) -> Vec<(usize, usize, BlockId)> {
         let mut v: Vec<_> = self.iter().collect();
         v.sort_unstable_by(|a, b| b.cmp(a));
         v
@@ -578,6 +580,31 @@ mod tests {
         assert!(!l.scanned_whole(), "a bin of SCAN_LIMIT entries");
         assert!(l.remove(&mut blocks, ids[0]));
         assert!(l.scanned_whole());
+    }
+
+    #[test]
+    fn among_equal_sizes_the_lowest_place_wins_whatever_the_address() {
+        // Two 4 MiB blocks: the one at the higher address has the lower place (its
+        // segment was made first), and best fit takes it; with places equal to
+        // addresses (shift 0) the lower address wins, as in PyTorch.
+        let mut blocks = Slab::new();
+        let (low, high) = (
+            block(&mut blocks, 4 << 20, 0x2000_0000),
+            block(&mut blocks, 4 << 20, 0x9000_0000),
+        );
+        let mut by_address = FreeList::default();
+        by_address.insert(&mut blocks, high);
+        by_address.insert(&mut blocks, low);
+        assert_eq!(by_address.best_fit(1 << 20).unwrap().2, low);
+        blocks[high].shift = 0usize.wrapping_sub(0x9000_0000); // place 0
+        blocks[low].shift = (64usize << 20).wrapping_sub(0x2000_0000); // place 64 MiB
+        let mut by_place = FreeList::default();
+        by_place.insert(&mut blocks, low);
+        by_place.insert(&mut blocks, high);
+        assert_eq!(by_place.best_fit(1 << 20), Some((4 << 20, 0, high)));
+        assert!(by_place.would_pick(1 << 20, (4 << 20, 1 << 20), Some(high)));
+        assert!(!by_place.would_pick(1 << 20, (4 << 20, 65 << 20), Some(high)));
+        assert_eq!(by_place.iter_desc()[0].2, low, "the highest place first");
     }
 
     #[test]

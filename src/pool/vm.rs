@@ -45,6 +45,8 @@ pub struct VmSegment {
     pub kind: PoolKind,
     /// Physical memory mapped at each page, if any.
     pub pages: Vec<Option<PhysHandle>>,
+    /// The `shift` of its blocks (`Block::place`): one place range for the reservation.
+    pub shift: usize,
 }
 
 impl VmSegment {
@@ -64,6 +66,7 @@ impl VmSegment {
             pool,
             kind,
             pages: vec![None; pages],
+            shift: 0,
         }
     }
 

@@ -79,6 +79,30 @@ impl MinCapacity {
 /// Errors are those of [`replay`] (bad settings, a broken trace); a trace that does not
 /// fit even at the limit is [`MinCapacity::NoFit`], not an error.
 pub fn min_capacity(trace: &Trace, opts: &ReplayOptions) -> Result<MinCapacity, Error> {
+    search(trace, opts, |_, _| false)
+}
+
+/// Whether [`min_capacity`] would find a capacity of at most `bound` bytes: the same
+/// search, stopped as soon as its answer is known (the capacity known to fit is at
+/// most `bound`, or the one known to fail is at least `bound`), so a comparison costs
+/// a few replays instead of a dozen. `false` if the trace does not fit at the limit.
+pub fn min_capacity_at_most(
+    trace: &Trace,
+    opts: &ReplayOptions,
+    bound: u64,
+) -> Result<bool, Error> {
+    let bound = bound / STEP;
+    let found = search(trace, opts, |lo, hi| hi <= bound || lo >= bound)?;
+    Ok(found.capacity().is_some_and(|c| c / STEP <= bound))
+}
+
+/// The search of [`min_capacity`], in MiB, ended early once `done(lo, hi)` (`lo`
+/// fails, `hi` fits); the capacity it reports is `hi` then.
+fn search(
+    trace: &Trace,
+    opts: &ReplayOptions,
+    done: impl Fn(u64, u64) -> bool,
+) -> Result<MinCapacity, Error> {
     let mut replays = 0usize;
     let mut run = |capacity: u64| -> Result<ReplayReport, Error> {
         replays += 1;
@@ -86,6 +110,7 @@ pub fn min_capacity(trace: &Trace, opts: &ReplayOptions) -> Result<MinCapacity, 
             conf: opts.conf.clone(),
             capacity: usize::try_from(capacity).unwrap_or(usize::MAX),
             detail: false,
+            address_order: opts.address_order,
         };
         replay(trace, &o, |_| {})
     };
@@ -116,7 +141,7 @@ pub fn min_capacity(trace: &Trace, opts: &ReplayOptions) -> Result<MinCapacity, 
             lo = guess;
         }
     }
-    while hi - lo > 1 {
+    while hi - lo > 1 && !done(lo, hi) {
         let mid = lo + (hi - lo) / 2;
         let r = run(mid * STEP)?;
         if r.ooms == 0 {

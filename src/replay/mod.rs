@@ -9,17 +9,18 @@
 
 pub mod blame;
 pub mod capacity;
+pub mod orders;
 pub mod svg;
 pub mod tune;
 
-pub use capacity::{min_capacity, MinCapacity};
+pub use capacity::{min_capacity, min_capacity_at_most, MinCapacity};
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
-use crate::device::sim::{SimConfig, SimDevice, SimMode};
+use crate::device::sim::{AddressOrder, SimConfig, SimDevice, SimMode};
 use crate::snapshot::SegmentInfo;
 use crate::trace::{Op, Trace};
 use crate::{CachingAllocator, Config, Error, StreamHandle};
@@ -33,6 +34,8 @@ pub struct ReplayOptions {
     pub capacity: usize,
     /// Record the usage timeline and the segment map at peak (for pictures).
     pub detail: bool,
+    /// The order in which the simulated device hands out addresses.
+    pub address_order: AddressOrder,
 }
 
 impl Default for ReplayOptions {
@@ -41,6 +44,7 @@ impl Default for ReplayOptions {
             conf: String::new(),
             capacity: 64 << 30,
             detail: false,
+            address_order: AddressOrder::Increasing,
         }
     }
 }
@@ -369,6 +373,7 @@ pub fn replay(
         capacity: opts.capacity,
         backed: false,
         mode: SimMode::Manual,
+        address_order: opts.address_order,
         ..SimConfig::default()
     });
     let alloc = CachingAllocator::new(sim.clone(), 0, config)?;

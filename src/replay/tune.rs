@@ -200,7 +200,7 @@ fn score(traces: &[Trace], conf: &str, limit: usize) -> Result<Vec<Score>, Error
     let opts = ReplayOptions {
         conf: conf.to_owned(),
         capacity: limit,
-        detail: false,
+        ..ReplayOptions::default()
     };
     traces
         .iter()

@@ -12,7 +12,7 @@ fn ooms_at(t: &trace::Trace, conf: &str, capacity: u64) -> u64 {
     let opts = ReplayOptions {
         conf: conf.into(),
         capacity: capacity as usize,
-        detail: false,
+        ..ReplayOptions::default()
     };
     replay(t, &opts, |_| {}).unwrap().ooms
 }

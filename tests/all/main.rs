@@ -23,6 +23,8 @@ mod graph_pools;
 mod lending;
 mod mstx;
 mod pickle;
+#[cfg(feature = "cli")]
+mod placement;
 mod policy;
 mod pool_lifetime;
 mod pool_props;
@@ -31,6 +33,8 @@ mod pressure;
 #[cfg(feature = "cli")]
 mod pressure_zoo;
 mod props;
+#[cfg(feature = "cli")]
+mod pytorch_fit;
 #[cfg(feature = "cli")]
 mod replay;
 mod soak;

@@ -96,6 +96,62 @@ pub(crate) fn churn(seed: u64, steps: usize, max_live: usize) -> Trace {
     trace::parse(&text, &format!("churn seed {seed}")).unwrap()
 }
 
+/// Issue #29's random churn: 600 steps on one stream, each freeing a random live block
+/// with probability 0.45 (when one is live), else allocating one of 512 B, 4 KiB,
+/// 60,000 B, 1 MiB, 3 MiB + 100 B, 7 MiB, 20 MiB or 33 MiB, plus 0 to 4 KiB; past 40
+/// live blocks the oldest is freed; everything left is freed at the end. Drawn from
+/// splitmix64 seeded with `seed`, as `scripts/zoo/churn.py` draws them (the same traces).
+pub(crate) fn churn_of_sizes(seed: u64) -> Trace {
+    const SIZES: [u64; 8] = [
+        512,
+        4096,
+        60_000,
+        MIB,
+        3 * MIB + 100,
+        7 * MIB,
+        20 * MIB,
+        33 * MIB,
+    ];
+    let mut rng = Rng(seed);
+    let mut text = String::new();
+    let mut live: Vec<u64> = Vec::new();
+    let mut next = 0u64;
+    for _ in 0..600 {
+        if !live.is_empty() && rng.below(100) < 45 {
+            let i = rng.below(live.len() as u64) as usize;
+            text.push_str(&format!("f {}\n", live.remove(i)));
+            continue;
+        }
+        let size = SIZES[rng.below(SIZES.len() as u64) as usize] + rng.below(4097);
+        text.push_str(&format!("a {next} {size} 0\n"));
+        live.push(next);
+        next += 1;
+        if live.len() > 40 {
+            text.push_str(&format!("f {}\n", live.remove(0)));
+        }
+    }
+    for id in live {
+        text.push_str(&format!("f {id}\n"));
+    }
+    trace::parse(&text, &format!("churn29 seed {seed}")).unwrap()
+}
+
+#[test]
+fn the_churn_of_sizes_is_the_scripts() {
+    // scripts/zoo/churn.py --check prints the same figures for the same seeds.
+    let got: Vec<(usize, u64)> = (1..=3)
+        .map(|s| {
+            let t = churn_of_sizes(s);
+            (t.ops.len(), t.peak_requested())
+        })
+        .collect();
+    assert_eq!(got, CHURN_CHECK);
+}
+
+/// (events, peak requested bytes) of `churn_of_sizes` seeds 1 to 3, as
+/// `scripts/zoo/churn.py --check` prints them.
+const CHURN_CHECK: [(usize, u64); 3] = [(650, 416_685_420), (648, 302_489_236), (666, 428_170_487)];
+
 /// Seeds of the churn tests.
 const SEEDS: std::ops::RangeInclusive<u64> = 1..=32;
 

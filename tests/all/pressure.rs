@@ -17,7 +17,7 @@ fn at(t: &trace::Trace, conf: &str, capacity: u64) -> ReplayReport {
     let opts = ReplayOptions {
         conf: conf.into(),
         capacity: capacity as usize,
-        detail: false,
+        ..ReplayOptions::default()
     };
     let r = replay(t, &opts, |_| {}).unwrap();
     assert_eq!(r.invariants, Ok(()), "{conf} at {capacity}");

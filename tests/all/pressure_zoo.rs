@@ -137,7 +137,7 @@ fn at(t: &trace::Trace, conf: &str, mib: u64) -> ReplayReport {
     let opts = ReplayOptions {
         conf: conf.into(),
         capacity: (mib << 20) as usize,
-        detail: false,
+        ..ReplayOptions::default()
     };
     let r = replay(t, &opts, |_| {}).unwrap();
     assert_eq!(r.invariants, Ok(()), "{} {conf:?} at {mib} MiB", t.name);

@@ -96,9 +96,9 @@ impl ShardState {
         let pages = (total / 8 * 9).min(cap).div_ceil(page).max(1);
         let base = self.dev.vm_reserve(index, pages * page)?;
         let pool = self.route();
-        Ok(self
-            .vm
-            .insert(VmSegment::new(base, page, pages, stream, pool, kind)))
+        let mut seg = VmSegment::new(base, page, pages, stream, pool, kind);
+        seg.shift = self.shared.place_shift(base, pages * page);
+        Ok(self.vm.insert(seg))
     }
 
     /// The page size a growth of `kind` for a request of `rounded` bytes maps. The
@@ -181,7 +181,7 @@ impl ShardState {
 
     /// PyTorch's best fit with expandable segments (`expandable_best_fit`): from the
     /// best fit `best`, while it is a block of an expandable segment, step to the next
-    /// larger entry of `list` (size, then address) if that one can grow to less than
+    /// larger entry of `list` (size, then place) if that one can grow to less than
     /// this one: a block at the end of a run of mapped pages counts as the bytes it
     /// can grow to ([`growable_size`](Self::growable_size)), so a request takes a
     /// larger block elsewhere before the growable end (CUDACachingAllocator's and
@@ -192,7 +192,7 @@ impl ShardState {
     pub(super) fn growable_fit(
         &self,
         list: &FreeList,
-        best: (usize, DevicePtr, BlockId),
+        best: (usize, usize, BlockId),
     ) -> (usize, BlockId) {
         let mut it = best;
         while self.blocks[it.2].vm.is_some() {
@@ -352,9 +352,16 @@ impl ShardState {
     /// free block they make with their free neighbours.
     fn vm_map_range(&mut self, seg: usize, fit: Fit) -> Result<Option<BlockId>, Error> {
         let index = self.index;
-        let (page, first, stream, kind, pool) = {
+        let (page, first, stream, kind, pool, shift) = {
             let s = &self.vm[seg];
-            (s.page, (fit.at - s.base) / s.page, s.stream, s.kind, s.pool)
+            (
+                s.page,
+                (fit.at - s.base) / s.page,
+                s.stream,
+                s.kind,
+                s.pool,
+                s.shift,
+            )
         };
         let (va, k) = (fit.at, fit.pages);
         let bytes = k * page;
@@ -392,6 +399,7 @@ impl ShardState {
         let mut block = Block::segment(va, bytes, stream, kind);
         block.pool = pool;
         block.vm = Some(VmId::new(seg));
+        block.shift = shift;
         let touched: Vec<BlockId> = [fit.left, fit.right].into_iter().flatten().collect();
         self.count_split(&touched, false);
         let id = self.blocks.insert(block);

@@ -77,9 +77,9 @@ impl ShardState {
             self.reclaim.tick_gc();
         }
         let list = self.pools.get(&self.route())?.get(kind);
-        let (mut bsize, bptr, mut id) = list.best_fit(size)?;
+        let (mut bsize, place, mut id) = list.best_fit(size)?;
         if self.shared.policy.expandable_best_fit && self.blocks[id].vm.is_some() {
-            (bsize, id) = self.growable_fit(list, (bsize, bptr, id));
+            (bsize, id) = self.growable_fit(list, (bsize, place, id));
         }
         let max_split = self.shared.config.max_split_size;
         if size < max_split && bsize >= max_split {

@@ -210,6 +210,7 @@ impl ShardState {
         self.acct.count_device_mallocs(1);
         let mut seg = Block::segment(ptr, seg_size, stream, kind);
         seg.pool = self.route();
+        seg.shift = self.shared.place_shift(ptr, seg_size);
         self.note_device_memory(seg.pool, kind, ptr, seg_size, TraceAction::SegmentAlloc);
         Ok(Some(self.blocks.insert(seg)))
     }

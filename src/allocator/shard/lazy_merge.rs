@@ -225,7 +225,8 @@ impl ShardState {
             return false;
         };
         let list = p.get(kind);
-        list.len() == usize::from(rest.is_some()) || list.would_pick(rounded, (merged, f.ptr), rest)
+        list.len() == usize::from(rest.is_some())
+            || list.would_pick(rounded, (merged, f.place()), rest)
     }
 
     /// `alloc_found_block` for the block `take_unmerged` handed out (`id`, the deferred

@@ -100,29 +100,31 @@ impl ShardState {
             lent = other.lend_segment(kind, req.rounded, limit, stream);
             lent.is_none()
         });
-        let Some((ptr, size)) = lent else {
+        let Some((ptr, size, shift)) = lent else {
             return Ok(None);
         };
         if counting == Counting::Counted {
             self.note_borrow(req);
         }
         self.segment_added(kind, size);
-        Ok(Some(
-            self.blocks.insert(Block::segment(ptr, size, stream, kind)),
-        ))
+        let seg = Block {
+            shift,
+            ..Block::segment(ptr, size, stream, kind)
+        };
+        Ok(Some(self.blocks.insert(seg)))
     }
 
     /// Gives up the smallest wholly free cached segment of `kind` holding at least
-    /// `size` bytes (and at most `limit`) to stream `borrower`, ordered on the device
-    /// after the work queued on this stream (and on any stream it is dirty on):
-    /// (address, size).
+    /// `size` bytes (and at most `limit`; the lowest place among equals) to stream
+    /// `borrower`, ordered on the device after the work queued on this stream (and on
+    /// any stream it is dirty on): (address, size, shift: it keeps its place range).
     pub fn lend_segment(
         &mut self,
         kind: PoolKind,
         size: usize,
         limit: usize,
         borrower: StreamHandle,
-    ) -> Option<(DevicePtr, usize)> {
+    ) -> Option<(DevicePtr, usize, usize)> {
         if self.route().is_some() || self.capture_underway() {
             return None;
         }
@@ -139,7 +141,7 @@ impl ShardState {
         let b = self.blocks.remove(id);
         self.lending.forget(id);
         self.segment_removed(kind, bsize);
-        Some((b.ptr, bsize))
+        Some((b.ptr, bsize, b.shift))
     }
 
     /// Serves `req`, made on another stream (the borrower, `req.stream`), from this

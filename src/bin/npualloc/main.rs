@@ -10,7 +10,9 @@ use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::{json, Value};
 
+use npualloc::device::sim::AddressOrder;
 use npualloc::replay::blame::{self, Blame};
+use npualloc::replay::orders::{self, OrderRun};
 use npualloc::replay::{self, svg, MinCapacity, ReplayOptions, ReplayReport};
 use npualloc::snapshot::segments_json;
 use npualloc::stats::format_size;
@@ -52,6 +54,10 @@ struct ReplayArgs {
     /// GiB, TiB; powers of 1024), e.g. 64G, 1.5GiB, 512MiB.
     #[arg(long, default_value = "64G")]
     capacity: String,
+    /// The order in which the simulated device hands out addresses: increasing,
+    /// decreasing, shuffled:SEED or lowest-free.
+    #[arg(long, default_value = "increasing")]
+    address_order: AddressOrder,
     /// Print the results as JSON.
     #[arg(long)]
     json: bool,
@@ -348,6 +354,22 @@ fn min_json(m: &MinCapacity) -> Value {
     }
 }
 
+/// A setting's figures under each address order, and their spread ([lowest, highest]).
+fn orders_json(runs: &[OrderRun]) -> Value {
+    let each: Vec<Value> = runs
+        .iter()
+        .map(|r| {
+            json!({"order": r.order.to_string(), "peak_reserved": r.peak_reserved,
+                   "min_capacity": r.min_capacity})
+        })
+        .collect();
+    json!({
+        "runs": each,
+        "peak_reserved": orders::spread(runs, |r| Some(r.peak_reserved)),
+        "min_capacity": orders::spread(runs, |r| r.min_capacity),
+    })
+}
+
 fn report_json(r: &ReplayReport, min: Option<&MinCapacity>) -> Value {
     let mut v = json!({
         "trace": r.name, "conf": r.conf, "events": r.events, "allocations": r.allocations,
@@ -465,6 +487,8 @@ struct TraceRuns {
     reports: Vec<ReplayReport>,
     mins: Vec<MinCapacity>,
     blames: Vec<Blame>,
+    /// Per setting, with `--json` and address ties: its figures under each address order.
+    orders: Vec<Option<Vec<OrderRun>>>,
 }
 
 /// An HTML page: per trace, the settings' table and their pictures side by side.
@@ -519,12 +543,14 @@ fn replay_cmd(args: ReplayArgs) -> Result<bool, Stop> {
             reports: Vec::new(),
             mins: Vec::new(),
             blames: Vec::new(),
+            orders: Vec::new(),
         };
         for setting in &settings {
             let opts = ReplayOptions {
                 conf: setting.conf.clone(),
                 capacity,
                 detail,
+                address_order: args.address_order,
             };
             let r = run_one(&t.trace, &opts, args.quiet)?;
             oom::report(&r, &setting.label, capacity, args.oom_segments);
@@ -556,6 +582,21 @@ fn replay_cmd(args: ReplayArgs) -> Result<bool, Stop> {
             if args.blame {
                 t.blames.push(blame::blame(&t.trace, &t.stacks, &r));
             }
+            let by_address =
+                args.json && orders::depends_on_addresses(&setting.conf).unwrap_or(false);
+            t.orders.push(if by_address {
+                let o = ReplayOptions {
+                    conf: setting.conf.clone(),
+                    capacity,
+                    detail: false,
+                    address_order: args.address_order,
+                };
+                let runs = orders::across_orders(&t.trace, &o, args.min_capacity)
+                    .map_err(|e| format!("{}: {e}", t.trace.name))?;
+                Some(runs)
+            } else {
+                None
+            });
             t.reports.push(r);
         }
         if !args.json {
@@ -590,6 +631,9 @@ fn replay_cmd(args: ReplayArgs) -> Result<bool, Stop> {
                         v["label"] = json!(label);
                         if let Some(b) = t.blames.get(i) {
                             v["blame"] = b.json();
+                        }
+                        if let Some(Some(runs)) = t.orders.get(i) {
+                            v["address_orders"] = orders_json(runs);
                         }
                         v
                     })

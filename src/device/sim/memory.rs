@@ -6,7 +6,10 @@
 //! - a backed region's buffer has exactly the region's size;
 //! - mapped regions (virtual memory) lie inside a reservation, granularity-aligned,
 //!   and count towards `live_bytes` like allocations; reservations never overlap
-//!   each other or allocations (they live in a separate address window).
+//!   each other or allocations (they live in a separate address window);
+//! - addresses are handed out in the device's [`AddressOrder`] (`addresses.rs`): the
+//!   ranges of `addrs` are the allocations (each rounded up to 512 bytes), those of
+//!   `vas` the reservations (each with a guard of one granule after it).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,9 +17,13 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 
+use super::addresses::{AddressOrder, Window};
 use crate::device::{DeviceError, DeviceIndex, DevicePtr};
 
 const ALIGN: usize = 512;
+/// Allocations of a multiple of this size start at a multiple of it, as device
+/// runtimes align large allocations.
+const LARGE_ALIGN: usize = 2 << 20;
 
 type Backing = Arc<Mutex<Vec<u8>>>;
 
@@ -28,8 +35,10 @@ struct Region {
 }
 
 struct Inner {
-    next_addr: usize,
-    next_va: usize,
+    /// The allocation window.
+    addrs: Window,
+    /// The reservation window.
+    vas: Window,
     /// Address-space reservations: base → size.
     reservations: BTreeMap<usize, usize>,
     live: BTreeMap<usize, Region>,
@@ -72,16 +81,25 @@ pub struct SimMemory {
 }
 
 impl SimMemory {
-    pub(super) fn new(device: DeviceIndex, capacity: usize, backed: bool) -> Self {
+    pub(super) fn new(
+        device: DeviceIndex,
+        capacity: usize,
+        backed: bool,
+        order: AddressOrder,
+    ) -> Self {
+        // Each device gets its own 1 TiB window so addresses never collide across
+        // devices; reservations come from windows far above every allocation window.
+        let mut vas_order = order;
+        if let AddressOrder::Shuffled(seed) = order {
+            vas_order = AddressOrder::Shuffled(!seed);
+        }
         SimMemory {
             device,
             capacity,
             backed,
             inner: RwLock::new(Inner {
-                // Each device gets its own 1 TiB window so addresses never collide across devices.
-                next_addr: (device + 1) << 40,
-                // Reservations come from a window far above every allocation window.
-                next_va: (device + 1) << 48,
+                addrs: Window::new(order, (device + 1) << 40, 1 << 40),
+                vas: Window::new(vas_order, (device + 1) << 48, 1 << 48),
                 reservations: BTreeMap::new(),
                 live: BTreeMap::new(),
                 live_bytes: 0,
@@ -105,17 +123,25 @@ impl SimMemory {
         if !inner.fits(size, self.capacity) || size == 0 {
             return Err(oom);
         }
-        let span = size.div_ceil(ALIGN) * ALIGN;
-        let addr = inner.next_addr;
-        inner.next_addr = addr.checked_add(span).ok_or(oom)?;
+        let span = size.checked_next_multiple_of(ALIGN).ok_or(oom.clone())?;
+        let align = if span % LARGE_ALIGN == 0 {
+            LARGE_ALIGN
+        } else {
+            ALIGN
+        };
+        let addr = inner.addrs.take(span, align).ok_or(oom)?;
         inner.insert(addr, size, false, self.backed);
         Ok(addr)
     }
 
     pub(super) fn release(&self, ptr: DevicePtr) -> Result<usize, DeviceError> {
         // Mapped pages are not allocations: freeing one is misuse too.
-        match self.inner.write().take(ptr, false) {
-            Some(size) => Ok(size),
+        let mut inner = self.inner.write();
+        match inner.take(ptr, false) {
+            Some(size) => {
+                inner.addrs.give_back(ptr);
+                Ok(size)
+            }
             None => {
                 self.violations.fetch_add(1, Ordering::Relaxed);
                 Err(DeviceError::InvalidPointer {
@@ -248,11 +274,10 @@ impl SimMemory {
             ));
         }
         let mut inner = self.inner.write();
-        let base = inner.next_va.next_multiple_of(granularity);
         // A guard gap keeps reservations from touching.
-        inner.next_va = base
-            .checked_add(size)
-            .and_then(|e| e.checked_add(granularity))
+        let base = size
+            .checked_add(granularity)
+            .and_then(|span| inner.vas.take(span, granularity))
             .ok_or_else(|| Self::runtime("sim_vm_reserve", "address space exhausted".into()))?;
         inner.reservations.insert(base, size);
         Ok(base)
@@ -278,6 +303,7 @@ impl SimMemory {
             ));
         }
         inner.reservations.remove(&va);
+        inner.vas.give_back(va);
         Ok(())
     }
 

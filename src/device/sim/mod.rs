@@ -14,11 +14,14 @@
 //! their own, pages of `SimConfig::vm_granularity` bytes are mapped against the
 //! capacity, and misuse (mapping outside a reservation or twice, unmapping what is not
 //! mapped, releasing a range with pages mapped) counts as a violation.
+//! Addresses come in the order `SimConfig::address_order` sets (`addresses.rs`).
 
+mod addresses;
 mod faults;
 mod memory;
 mod stream;
 
+pub use addresses::AddressOrder;
 pub use faults::InjectedFailure;
 pub use memory::SimMemory;
 pub use stream::Kernel;
@@ -58,6 +61,8 @@ pub struct SimConfig {
     pub mode: SimMode,
     /// Virtual-memory mapping granularity in bytes; 0 = no virtual-memory support.
     pub vm_granularity: usize,
+    /// The order in which allocations and reservations get their addresses.
+    pub address_order: AddressOrder,
 }
 
 impl Default for SimConfig {
@@ -68,6 +73,7 @@ impl Default for SimConfig {
             backed: false,
             mode: SimMode::Manual,
             vm_granularity: 2 << 20,
+            address_order: AddressOrder::Increasing,
         }
     }
 }
@@ -174,7 +180,12 @@ impl SimDevice {
         let devices = (0..config.devices)
             .map(|index| DevState {
                 index,
-                memory: Arc::new(SimMemory::new(index, config.capacity, config.backed)),
+                memory: Arc::new(SimMemory::new(
+                    index,
+                    config.capacity,
+                    config.backed,
+                    config.address_order,
+                )),
                 streams: RwLock::new(HashMap::new()),
                 events: Mutex::new(HashMap::new()),
                 progress: Arc::new(Progress::default()),
