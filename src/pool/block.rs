@@ -33,6 +33,11 @@
 
 use smallvec::SmallVec;
 
+/// The low 32 bits of one of the allocator's clocks, as a block records them: ages are
+/// taken with wrapping arithmetic, exact below 2^32 ticks, and a block stays 128 bytes,
+/// which keeps each slab lookup to a shift.
+pub type Stamp = u32;
+
 use super::{PoolTag, VmId};
 use crate::handle::{DevicePtr, StreamHandle};
 use crate::stats::StatType;
@@ -106,10 +111,10 @@ pub struct Block {
     pub next: Option<BlockId>,
     /// Other streams that used the block (from `record_stream`).
     pub stream_uses: SmallVec<[StreamHandle; 2]>,
-    /// Value of the GC call counter when the block became free.
-    pub gc_count_base: u64,
-    /// Value of the allocator's malloc counter when the block became free.
-    pub freed_at: u64,
+    /// Value of the GC call counter when the block became free ([`Stamp`]).
+    pub gc_count_base: Stamp,
+    /// Value of the allocator's malloc counter when the block became free ([`Stamp`]).
+    pub freed_at: Stamp,
     /// Index of the block's entry in its free-list bin (meaningful while free).
     pub bin_pos: u32,
     /// The pool of the block's segment: `None` for the stream's own, else a

@@ -6,7 +6,7 @@ pub mod ptr_table;
 pub mod rounding;
 pub mod vm;
 
-pub use block::{Block, BlockId, Phase, PoolKind};
+pub use block::{Block, BlockId, Phase, PoolKind, Stamp};
 pub use free_list::{PoolTag, PrivateTag, StreamMap};
 pub use ptr_table::PtrTable;
 pub use vm::{VmId, VmSegment};

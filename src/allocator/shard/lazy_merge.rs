@@ -39,7 +39,7 @@
 use super::ShardState;
 use crate::allocator::accounting::Kind;
 use crate::config::HEAD_ALIGN_MIN;
-use crate::pool::{BlockId, PoolKind};
+use crate::pool::{BlockId, PoolKind, Stamp};
 
 /// A merge deferred by a free (see the module docs).
 #[derive(Clone, Copy, Debug)]
@@ -51,8 +51,8 @@ pub(super) struct LazyMerge {
     rest: Option<BlockId>,
     /// The malloc and GC clocks at the free (the merged block's `freed_at`,
     /// `gc_count_base`).
-    freed_at: u64,
-    gc_count_base: u64,
+    freed_at: Stamp,
+    gc_count_base: Stamp,
     /// `take_unmerged` handed `front` out: `alloc_found_block` completes it at once.
     pub taken: bool,
 }
@@ -66,7 +66,7 @@ impl LazyMerge {
 
     /// The malloc and GC clocks of the free (`freed_at`, `gc_count_base`).
     #[inline]
-    pub fn clocks(&self) -> (u64, u64) {
+    pub fn clocks(&self) -> (Stamp, Stamp) {
         (self.freed_at, self.gc_count_base)
     }
 }

@@ -14,6 +14,8 @@
 
 use std::collections::VecDeque;
 
+use crate::pool::Stamp;
+
 /// How many recent reclaims are remembered for churn detection.
 const RECENT_RECLAIMS: usize = 64;
 /// A reclaimed segment allocated again within this many malloc calls counts as churn.
@@ -53,15 +55,16 @@ impl Reclaim {
         self.gc_calls += 1;
     }
 
-    /// (garbage-collection clock, idleness clock): what a block freed now records.
+    /// (garbage-collection clock, idleness clock): what a block freed now records
+    /// (their stamps: the low 32 bits).
     #[inline(always)]
-    pub fn clocks(&self) -> (u64, u64) {
-        (self.gc_calls, self.malloc_calls)
+    pub fn clocks(&self) -> (Stamp, Stamp) {
+        (self.gc_calls as Stamp, self.malloc_calls as Stamp)
     }
 
     /// Garbage-collection rounds since a block recorded `base`.
-    pub fn gc_age(&self, base: u64) -> u64 {
-        self.gc_calls - base
+    pub fn gc_age(&self, base: Stamp) -> u64 {
+        (self.gc_calls as Stamp).wrapping_sub(base) as u64
     }
 
     /// The idleness a segment needs before it may be reclaimed.
@@ -70,8 +73,8 @@ impl Reclaim {
     }
 
     /// Whether a block freed at `freed_at` has been idle for `min_idle` malloc calls.
-    pub fn idle_for(&self, freed_at: u64, min_idle: u64) -> bool {
-        self.malloc_calls - freed_at >= min_idle
+    pub fn idle_for(&self, freed_at: Stamp, min_idle: u64) -> bool {
+        (self.malloc_calls as Stamp).wrapping_sub(freed_at) as u64 >= min_idle
     }
 
     /// A segment of `size` bytes was reclaimed now.
