@@ -104,7 +104,8 @@ def main():
 
 
 def consts(rows):
-    """The lists of tests/all/pytorch_fit.rs (PyTorch's smallest devices, the marks)."""
+    """The lists of tests/all/pytorch_fit.rs (PyTorch's smallest devices, the marks) and
+    the derived cases' smallest devices it shares with tests/all/pressure_zoo.rs."""
     def mark(o, p):
         return "true" if min_cap(o) > min_cap(p) else "false"
     z = [r for r in rows if r[0][0] == "zoo"]
@@ -113,10 +114,16 @@ def consts(rows):
         print('    ("%s", %d, %s),' % (label, min_cap(p) // MIB, mark(o, p)))
     print("];")
     d = [r for r in rows if r[0][0] == "derived"]
-    print("const DERIVED: [(&str, &str, u64, bool); %d] = [" % len(d))
+    print("// tests/all/pressure_zoo.rs")
+    print("pub(crate) const PYTORCH_DERIVED_MIB: [(&str, &str, u64); %d] = [" % len(d))
     for (_, label, _), o, p in d:
         name, case = label.split()
-        print('    ("%s", "%s", %d, %s),' % (name, case, min_cap(p) // MIB, mark(o, p)))
+        print('    ("%s", "%s", %d),' % (name, case, min_cap(p) // MIB))
+    print("];")
+    bigger = [label.split() for (_, label, _), o, p in d if min_cap(o) > min_cap(p)]
+    print("const DERIVED_BIGGER: [(&str, &str); %d] = [" % len(bigger))
+    for name, case in bigger:
+        print('    ("%s", "%s"),' % (name, case))
     print("];")
     seeds = [label.split()[2] for (g, label, _), o, p in rows
              if g == "churn" and min_cap(o) > min_cap(p)]

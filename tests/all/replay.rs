@@ -16,6 +16,33 @@ pub(crate) fn load(name: &str) -> trace::Trace {
     trace::parse(&text, name).unwrap()
 }
 
+/// The names (no `.trace`) of every shipped trace, of traces/ and traces/zoo/, sorted.
+pub(crate) fn shipped_names() -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    for dir in [traces_dir(), traces_dir().join("zoo")] {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let n = e.unwrap().file_name().to_string_lossy().into_owned();
+            if let Some(stem) = n.strip_suffix(".trace") {
+                names.push(stem.to_owned());
+            }
+        }
+    }
+    names.sort();
+    names
+}
+
+/// A shipped trace by name (no `.trace`): traces/zoo/'s, else traces/'.
+pub(crate) fn load_shipped(name: &str) -> trace::Trace {
+    let zoo = traces_dir().join("zoo").join(format!("{name}.trace"));
+    let path = if zoo.exists() {
+        zoo
+    } else {
+        traces_dir().join(format!("{name}.trace"))
+    };
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+    trace::parse(&text, name).unwrap()
+}
+
 /// The shipped traces: peak live (requested) bytes and event count from
 /// traces/README.md, then PyTorch's caching-allocator policy replayed on these requests
 /// (from the performance issue): reserved / requested and device mallocs.
