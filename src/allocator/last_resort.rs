@@ -19,7 +19,7 @@
 
 use super::shard::{Outcome, Released};
 use super::{CachingAllocator, OtherShards, Shard};
-use crate::device::DevicePtr;
+use crate::device::{DevicePtr, StreamHandle};
 use crate::error::Error;
 
 impl CachingAllocator {
@@ -40,6 +40,12 @@ impl CachingAllocator {
         if let Outcome::NeedsAllReleased = outcome {
             outcome = self.release_others_and_climb(size, shard)?;
         }
+        self.end_of_climb(outcome, size)
+    }
+
+    /// What the last climb for `size` bytes gives: its address, or out of memory; a
+    /// climb that stopped at a release rung again is an error.
+    pub(super) fn end_of_climb(&self, outcome: Outcome, size: usize) -> Result<DevicePtr, Error> {
         match outcome {
             Outcome::Served(ptr) => Ok(ptr),
             Outcome::OutOfMemory(e) => Err(self.malloc_failed(e, size)),
@@ -47,6 +53,15 @@ impl CachingAllocator {
                 "the ladder stopped at a release rung twice".into(),
             )),
         }
+    }
+
+    /// Every shard but `stream`'s gives its cache back (PyTorch's
+    /// `release_cached_blocks`); a shard that cannot is left as it is.
+    pub(super) fn release_other_caches(&self, stream: StreamHandle) {
+        let _ = self.for_other_shards(stream, |st| {
+            let _ = st.release_cached_blocks();
+            Ok::<(), Error>(())
+        });
     }
 
     /// `ReleaseClean`: every shard's cached segments that need no host wait go back;
@@ -75,10 +90,7 @@ impl CachingAllocator {
     /// `ReleaseOthers`: the other shards' caches go back, then the shard climbs the
     /// rest of the ladder.
     fn release_others_and_climb(&self, size: usize, shard: &Shard) -> Result<Outcome, Error> {
-        let _ = self.for_other_shards(shard.stream, |st| {
-            let _ = st.release_cached_blocks();
-            Ok::<(), Error>(())
-        });
+        self.release_other_caches(shard.stream);
         let peers = self.peers_of(shard);
         let found = self.with_shard(shard, |st| st.malloc(size, Released::Others, &peers));
         found.map_err(|e| self.malloc_failed(e, size))

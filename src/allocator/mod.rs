@@ -46,7 +46,7 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 
 use crate::config::Config;
-use crate::device::{Device, DeviceIndex, DevicePtr, StreamHandle};
+use crate::device::{Device, DeviceIndex, DevicePtr, MempoolId, StreamHandle};
 use crate::error::Error;
 use crate::policy::{Policy, Regime};
 use crate::pool::BlockId;
@@ -413,6 +413,17 @@ impl CachingAllocator {
                 st.pool_id(st.blocks[id].pool)
             })
             .flatten();
+        self.emit_alloc(ptr, size, stream, pool);
+    }
+
+    /// Tells the tracer of allocation `ptr` (`size` bytes on `stream`, from `pool`).
+    fn emit_alloc(
+        &self,
+        ptr: DevicePtr,
+        size: usize,
+        stream: StreamHandle,
+        pool: Option<MempoolId>,
+    ) {
         self.shared.history.emit(|| TraceEvent {
             action: TraceAction::Alloc,
             device: self.index,

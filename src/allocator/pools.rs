@@ -25,7 +25,6 @@
 use rustc_hash::FxHashSet;
 
 use super::graph_pools::{check_id, NO_POOL};
-use super::history::{TraceAction, TraceEvent};
 use super::shard::{CheckpointSegment, NoPeers, Outcome, Released, ShardState};
 use super::{CachingAllocator, OtherShards, Shard};
 use crate::device::{DeviceIndex, DevicePtr, MempoolId, StreamHandle};
@@ -200,14 +199,7 @@ impl CachingAllocator {
                 self.malloc_in_pool_last_resort(size, shard, id)?
             }
         };
-        self.shared.history.emit(|| TraceEvent {
-            action: TraceAction::Alloc,
-            device: self.index,
-            address: ptr as u64,
-            size,
-            stream,
-            pool: Some(id),
-        });
+        self.emit_alloc(ptr, size, stream, Some(id));
         Ok(ptr)
     }
 
@@ -220,20 +212,11 @@ impl CachingAllocator {
         shard: &Shard,
         id: MempoolId,
     ) -> Result<DevicePtr, Error> {
-        let _ = self.for_other_shards(shard.stream, |st| {
-            let _ = st.release_cached_blocks();
-            Ok::<(), Error>(())
-        });
+        self.release_other_caches(shard.stream);
         let found = self.with_shard(shard, |st| {
             st.malloc_in(id, size, Released::Others, &NoPeers)
         });
-        match found {
-            Ok(Outcome::Served(ptr)) => Ok(ptr),
-            Ok(Outcome::OutOfMemory(e)) | Err(e) => Err(self.malloc_failed(e, size)),
-            Ok(Outcome::NeedsCleanRelease | Outcome::NeedsAllReleased) => Err(Error::InvalidState(
-                "the ladder stopped at a release rung twice".into(),
-            )),
-        }
+        self.end_of_climb(found.map_err(|e| self.malloc_failed(e, size))?, size)
     }
 
     /// A graph capture begins on the device (torch_npu's `markCaptureBegin`): until it
